@@ -1,0 +1,175 @@
+"""The four rate-limiting algorithms as pure functions of ``(state, now, rate, cost)``.
+
+No Flask, no Redis, no clock: time is an integer count of microseconds passed in.
+The Lua scripts in ``storage/lua/`` mirror these functions line by line, using the
+same integer arithmetic, so the memory and Redis backends agree decision for
+decision (``tests/test_parity.py`` checks it). A function returns a ``Step``: the
+outcome, the state to store if every tier of the request allows, and how long that
+state stays meaningful (its TTL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from .rates import Rate
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "Outcome",
+    "Step",
+    "fixed_window",
+    "sliding_window_counter",
+    "sliding_window_log",
+    "token_bucket",
+]
+
+
+class Algorithm(StrEnum):
+    TOKEN_BUCKET = "token_bucket"
+    FIXED_WINDOW = "fixed_window"
+    SLIDING_WINDOW_LOG = "sliding_window_log"
+    SLIDING_WINDOW_COUNTER = "sliding_window_counter"
+
+    @property
+    def code(self) -> str:
+        """Short tag used in storage keys and Lua arguments."""
+        return _CODES[self]
+
+
+_CODES = {
+    Algorithm.TOKEN_BUCKET: "tb",
+    Algorithm.FIXED_WINDOW: "fw",
+    Algorithm.SLIDING_WINDOW_LOG: "swl",
+    Algorithm.SLIDING_WINDOW_COUNTER: "swc",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one tier decided. Times are absolute microseconds."""
+
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_us: int  # when the tier is fully replenished
+    retry_after_us: int  # 0 when allowed; otherwise the wait until this cost would pass
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    outcome: Outcome
+    state: Any  # the new state, to be stored only if every tier allows
+    ttl_us: int  # how long ``state`` matters; 0 means "nothing to store"
+
+
+def token_bucket(tat: int | None, now: int, rate: Rate, cost: int) -> Step:
+    """GCRA: the state is one "theoretical arrival time" (TAT) per key.
+
+    One token is worth ``interval`` microseconds; the bucket is full when
+    ``tat <= now`` and empty when ``tat - now == tau`` (capacity * interval).
+    """
+    interval = rate.window_us // rate.limit
+    tau = rate.capacity * interval
+    base = now if tat is None or tat < now else tat
+    new_tat = base + cost * interval
+    if new_tat - now <= tau:
+        remaining = (tau - (new_tat - now)) // interval
+        return Step(Outcome(True, rate.capacity, remaining, new_tat, 0), new_tat, new_tat - now)
+    remaining = (tau - (base - now)) // interval
+    retry = new_tat - tau - now
+    return Step(Outcome(False, rate.capacity, remaining, base, retry), tat, 0)
+
+
+def fixed_window(state: tuple[int, int] | None, now: int, rate: Rate, cost: int) -> Step:
+    """Counter per window aligned to the epoch; the state is ``(window_start, count)``."""
+    window = rate.window_us
+    start = now - now % window
+    count = state[1] if state is not None and state[0] == start else 0
+    end = start + window
+    if count + cost <= rate.limit:
+        used = count + cost
+        reset = end if used > 0 else now
+        return Step(
+            Outcome(True, rate.limit, rate.limit - used, reset, 0), (start, used), reset - now
+        )
+    reset = end if count > 0 else now
+    # A cost above the limit never fits; say "one window" rather than "never".
+    retry = end - now if cost <= rate.limit else window
+    return Step(Outcome(False, rate.limit, rate.limit - count, reset, retry), state, 0)
+
+
+def sliding_window_log(log: tuple[int, ...] | None, now: int, rate: Rate, cost: int) -> Step:
+    """One timestamp per unit of cost, oldest first; entries older than a window drop out."""
+    window = rate.window_us
+    live = tuple(ts for ts in (log or ()) if ts > now - window)
+    count = len(live)
+    if count + cost <= rate.limit:
+        new = live + (now,) * cost
+        reset = new[-1] + window if new else now
+        return Step(Outcome(True, rate.limit, rate.limit - len(new), reset, 0), new, reset - now)
+    reset = live[-1] + window if live else now
+    # The request fits once the (count + cost - limit) oldest entries have expired.
+    retry = live[count + cost - rate.limit - 1] + window - now if cost <= rate.limit else window
+    return Step(Outcome(False, rate.limit, rate.limit - count, reset, retry), log, 0)
+
+
+def sliding_window_counter(
+    state: tuple[int, int, int] | None, now: int, rate: Rate, cost: int
+) -> Step:
+    """Cloudflare's estimate: ``prev * (1 - elapsed/window) + cur``.
+
+    The state is ``(window_start, previous_count, current_count)``.
+    """
+    window = rate.window_us
+    start = now - now % window
+    prev, cur = 0, 0
+    if state is not None:
+        if state[0] == start:
+            prev, cur = state[1], state[2]
+        elif state[0] == start - window:
+            prev = state[2]
+    elapsed = now - start
+    estimate = prev * (window - elapsed) / window + cur
+    if estimate + cost <= rate.limit:
+        cur += cost
+        remaining = int(rate.limit - (prev * (window - elapsed) / window + cur))
+        reset = start + 2 * window if cur > 0 else (start + window if prev > 0 else now)
+        return Step(
+            Outcome(True, rate.limit, max(0, remaining), reset, 0),
+            (start, prev, cur),
+            reset - now,
+        )
+    remaining = max(0, int(rate.limit - estimate))
+    retry = _counter_retry(start, prev, cur, now, rate, cost)
+    reset = start + 2 * window if cur > 0 else (start + window if prev > 0 else now)
+    return Step(
+        Outcome(False, rate.limit, remaining, reset, retry),
+        state,
+        0,
+    )
+
+
+def _counter_retry(start: int, prev: int, cur: int, now: int, rate: Rate, cost: int) -> int:
+    """Earliest wait after which the weighted estimate leaves room for ``cost``."""
+    window = rate.window_us
+    need = rate.limit - cur - cost
+    if need >= 0:  # this window: wait for the previous window's weight to decay
+        return max(1, start + window - need * window // prev - now)
+    need = rate.limit - cost
+    if need < 0:
+        return window
+    # Next window: today's count becomes the decaying "previous" one.
+    return max(1, start + 2 * window - need * window // cur - now)
+
+
+ALGORITHMS: dict[Algorithm, Callable[[Any, int, Rate, int], Step]] = {
+    Algorithm.TOKEN_BUCKET: token_bucket,
+    Algorithm.FIXED_WINDOW: fixed_window,
+    Algorithm.SLIDING_WINDOW_LOG: sliding_window_log,
+    Algorithm.SLIDING_WINDOW_COUNTER: sliding_window_counter,
+}

@@ -1,0 +1,120 @@
+"""The HTTP errors flask-quota raises, each rendered as an RFC 9457 problem."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from werkzeug.exceptions import HTTPException, ServiceUnavailable, TooManyRequests, Unauthorized
+
+from .policy import Decision
+from .tiers import Tier
+
+__all__ = ["PROBLEM_TYPE", "InvalidApiKey", "QuotaExceeded", "QuotaUnavailable"]
+
+PROBLEM_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+
+_TIER_WORDS = {Tier.GLOBAL: "Global (per-IP) limit", Tier.USER: "User limit"}
+
+
+class _Problem(HTTPException):
+    """Renders ``problem()`` as ``application/problem+json`` with ``extra_headers()``."""
+
+    def problem(self) -> dict[str, Any]:
+        return {
+            "type": "about:blank",
+            "title": self.name,
+            "status": self.code,
+            "detail": self.description,
+        }
+
+    def extra_headers(self) -> list[tuple[str, str]]:
+        return []
+
+    def get_body(self, environ: Any = None, scope: dict[str, Any] | None = None) -> str:
+        return json.dumps(self.problem(), ensure_ascii=True)
+
+    def get_headers(
+        self, environ: Any = None, scope: dict[str, Any] | None = None
+    ) -> list[tuple[str, str]]:
+        return [("Content-Type", "application/problem+json"), *self.extra_headers()]
+
+
+class QuotaExceeded(_Problem, TooManyRequests):
+    """A tier denied the request. Subclasses ``TooManyRequests``, so
+    ``@app.errorhandler(QuotaExceeded)`` (or 429) can replace the response.
+
+    The decision is on the exception: ``tier``, ``resource``, ``plan``, ``limit``,
+    ``window``, ``remaining``, ``retry_after``, ``reset`` and ``upgrade``.
+    """
+
+    def __init__(self, decision: Decision, *, upgrade: str | None = None) -> None:
+        denied = decision.denied
+        if denied is None:
+            raise ValueError("QuotaExceeded needs a decision in which a tier denied")
+        outcome = denied.outcome
+        what = _TIER_WORDS.get(denied.tier) or f"Endpoint limit {denied.name!r}"
+        window = denied.rate.policy_window
+        super().__init__(
+            f"{what} exceeded: {outcome.limit} requests per {window} s on plan {decision.plan!r}."
+        )
+        # Set after super().__init__, which would reset ``retry_after``.
+        self.decision = decision
+        self.tier = denied.tier
+        self.policy = denied.name
+        self.resource = denied.name if denied.tier is Tier.ENDPOINT else None
+        self.plan = decision.plan
+        self.limit = outcome.limit
+        self.window = window
+        self.remaining = outcome.remaining
+        self.retry_after = max(1, decision.seconds_until(decision.now_us + outcome.retry_after_us))
+        self.reset = -(-outcome.reset_us // 1_000_000)
+        self.upgrade = upgrade
+
+    def problem(self) -> dict[str, Any]:
+        return {
+            "type": PROBLEM_TYPE,
+            "title": "Too Many Requests",
+            "status": 429,
+            "detail": self.description,
+            "violated-policies": [r.name for r in self.decision.results if not r.outcome.allowed],
+            "tier": self.tier.value,
+            "resource": self.resource,
+            "plan": self.plan,
+            "limit": self.limit,
+            "window": self.window,
+            "remaining": self.remaining,
+            "retry_after": self.retry_after,
+            "reset": self.reset,
+            "upgrade": self.upgrade,
+        }
+
+    def extra_headers(self) -> list[tuple[str, str]]:
+        return [("Retry-After", str(self.retry_after))]
+
+
+class QuotaUnavailable(_Problem, ServiceUnavailable):
+    """``QUOTA_FAIL_MODE=closed`` and the storage is down: 503 with ``Retry-After``."""
+
+    def __init__(self, retry_after: int = 1) -> None:
+        super().__init__(
+            "Rate-limit storage is unavailable; requests are refused until it recovers."
+        )
+        self.retry_after = max(1, retry_after)
+
+    def problem(self) -> dict[str, Any]:
+        return {**super().problem(), "retry_after": self.retry_after}
+
+    def extra_headers(self) -> list[tuple[str, str]]:
+        return [("Retry-After", str(self.retry_after))]
+
+
+class InvalidApiKey(_Problem, Unauthorized):
+    """An unknown, revoked or malformed API key with ``QUOTA_REJECT_UNKNOWN_KEYS`` set."""
+
+    def __init__(self, header: str) -> None:
+        self.header = header
+        super().__init__(f"The API key in the {header} header is unknown, revoked or malformed.")
+
+    def extra_headers(self) -> list[tuple[str, str]]:
+        return [("WWW-Authenticate", f'ApiKey header="{self.header}"')]

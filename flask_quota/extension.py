@@ -1,0 +1,243 @@
+"""The Flask extension: thin wiring between requests and the decision objects."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from flask import Flask, Response, current_app, g, request
+
+from .breaker import CircuitBreaker
+from .errors import InvalidApiKey, QuotaExceeded
+from .failover import GuardedStorage
+from .headers import rate_limit_headers
+from .identity import Identity, client_ip, plausible_api_key
+from .keys import KeyBuilder
+from .plans import PlanCatalog
+from .policy import Decision, LimitSpec, Policy
+from .rates import Rate, parse_rate
+from .settings import DEFAULTS, Settings
+from .storage import Storage, storage_from_url
+
+__all__ = ["Quota", "QuotaState", "get_state"]
+
+log = logging.getLogger("flask_quota")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_LIMIT_ATTR = "__quota_limit__"
+_EXEMPT_ATTR = "__quota_exempt__"
+_RESOURCE_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+@dataclass
+class QuotaState:
+    """Everything one app's quota needs, kept in ``app.extensions["quota"]``."""
+
+    quota: Quota
+    settings: Settings
+    storage: Storage
+    guard: GuardedStorage
+    policy: Policy
+    catalog: Callable[[], PlanCatalog]  # swapped for a SQL-backed source by the SQL layer
+
+
+def get_state(app: Flask | None = None) -> QuotaState:
+    app = app or current_app
+    try:
+        state: QuotaState = app.extensions["quota"]
+    except KeyError:
+        raise RuntimeError(
+            "flask-quota is not initialised on this app. Did you forget to call "
+            "Quota(app) or quota.init_app(app)?"
+        ) from None
+    return state
+
+
+class Quota:
+    """Rate limiting for a Flask app: ``Quota(app)`` or ``Quota()`` + ``init_app(app)``.
+
+    ``storage`` replaces the backend built from ``QUOTA_STORAGE_URL`` (tests use it
+    to inject a clock).
+    """
+
+    def __init__(self, app: Flask | None = None, *, storage: Storage | None = None) -> None:
+        self._storage = storage
+        self._identity_loader: Callable[[], Identity | None] | None = None
+        self._api_key_loader: Callable[[str], Identity | None] | None = None
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask) -> None:
+        if "quota" in app.extensions:
+            raise RuntimeError(
+                "flask-quota is already initialised on this app; call init_app once per app."
+            )
+        for key, default in DEFAULTS.items():
+            app.config.setdefault(key, default)
+        settings = Settings.from_config(app.config)
+        storage = self._storage or storage_from_url(
+            settings.storage_url, timeout=settings.storage_timeout
+        )
+        breaker = CircuitBreaker(storage.name, cooldown=settings.breaker_cooldown)
+        plans = settings.plans
+        app.extensions["quota"] = QuotaState(
+            quota=self,
+            settings=settings,
+            storage=storage,
+            guard=GuardedStorage(storage, settings.fail_mode, breaker),
+            policy=Policy(KeyBuilder(settings.key_prefix), settings.algorithm),
+            catalog=lambda: plans,
+        )
+        app.before_request(self._before_request)
+        app.after_request(self._after_request)
+        if storage.name == "memory" and "gunicorn" in sys.modules:
+            log.warning(
+                "flask-quota: QUOTA_STORAGE_URL is memory:// - every gunicorn worker keeps its "
+                "own counters, so N workers allow up to N times each limit. Set "
+                "QUOTA_STORAGE_URL=redis://... to share one limit across workers and servers."
+            )
+
+    # -- decorators ---------------------------------------------------------
+
+    def limit(
+        self,
+        rate: str | Rate | None = None,
+        *,
+        resource: str | None = None,
+        cost: int | Callable[[], int] = 1,
+    ) -> Callable[[F], F]:
+        """Add the endpoint tier to a view. The rate comes from the caller's plan
+        for ``resource``, falling back to the literal ``rate``. ``cost`` (an int or a
+        callable returning one) weighs the request in the endpoint tier.
+        """
+        parsed = parse_rate(rate) if rate is not None else None
+        if resource is not None and not _RESOURCE_RE.fullmatch(resource):
+            raise ValueError(f"resource {resource!r} must be 1-64 characters of A-Z a-z 0-9 _ . -")
+        if parsed is None and resource is None:
+            raise ValueError(
+                "quota.limit() needs a rate such as '10/minute' or a resource whose rate the "
+                "plans define, e.g. quota.limit(resource='ai_inference')"
+            )
+        if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 0):
+            raise ValueError(f"cost must be a non-negative int or a callable, got {cost!r}")
+        spec = LimitSpec(parsed, resource, cost)
+
+        def decorator(view: F) -> F:
+            if hasattr(view, _LIMIT_ATTR):
+                raise ValueError(f"{view.__name__} already has a @quota.limit; use one per view")
+            setattr(view, _LIMIT_ATTR, spec)
+            return view
+
+        return decorator
+
+    def exempt(self, view: F) -> F:
+        """No tier applies to this view."""
+        setattr(view, _EXEMPT_ATTR, True)
+        return view
+
+    def identity_loader(
+        self, loader: Callable[[], Identity | None]
+    ) -> Callable[[], Identity | None]:
+        """Register ``loader() -> Identity | None``: who is calling (e.g. the logged-in user)."""
+        self._identity_loader = loader
+        return loader
+
+    def api_key_loader(
+        self, loader: Callable[[str], Identity | None]
+    ) -> Callable[[str], Identity | None]:
+        """Register ``loader(key) -> Identity | None`` mapping an API key to its client.
+
+        ``None`` (unknown or revoked) makes the caller anonymous, or 401 with
+        ``QUOTA_REJECT_UNKNOWN_KEYS``; an unknown key never gets a bucket of its own.
+        """
+        self._api_key_loader = loader
+        return loader
+
+    def current_decision(self) -> Decision | None:
+        """The decision made for the current request, if any tier applied."""
+        decision: Decision | None = g.get("_quota")
+        return decision
+
+    # -- request hooks ------------------------------------------------------
+
+    def _before_request(self) -> None:
+        state = get_state()
+        settings = state.settings
+        if not settings.enabled:
+            return
+        endpoint = request.endpoint
+        view = current_app.view_functions.get(endpoint) if endpoint else None
+        if endpoint == "static" or getattr(view, _EXEMPT_ATTR, False):
+            return
+        spec: LimitSpec | None = getattr(view, _LIMIT_ATTR, None)
+
+        identity = self._identify(settings)
+        ip_tag = KeyBuilder.ip_tag(client_ip(request.remote_addr))
+        catalog = state.catalog()
+        if identity is None:
+            tag, plan_name = ip_tag, settings.anonymous_plan
+        else:
+            tag = KeyBuilder.identity_tag(identity.id)
+            plan_name = identity.plan or settings.default_plan
+        plan = catalog.get(plan_name) or catalog[settings.default_plan]
+
+        resource = (spec.resource or endpoint) if spec is not None else None
+        cost = 1
+        if spec is not None:
+            cost = spec.cost() if callable(spec.cost) else spec.cost
+            if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
+                raise TypeError(f"cost callable of {endpoint!r} returned {cost!r}, not an int >= 0")
+        checks = state.policy.checks(
+            plan,
+            ip_tag=ip_tag,
+            identity_tag=tag,
+            method=request.method,
+            spec=spec,
+            resource=resource,
+            cost=cost,
+        )
+        if not checks:
+            return
+        verdict = state.guard.decide([c.check for c in checks])
+        if verdict is None:  # storage down, failing open
+            return
+        decision = Decision.from_verdict(plan.name, checks, verdict)
+        g._quota = decision
+        denied = decision.denied
+        if denied is not None:
+            resource_name = denied.name if spec is not None and denied.name == resource else None
+            upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
+            raise QuotaExceeded(decision, upgrade=upgrade)
+
+    def _identify(self, settings: Settings) -> Identity | None:
+        if self._identity_loader is not None:
+            identity = self._identity_loader()
+            if identity is not None:
+                if not isinstance(identity, Identity):
+                    raise TypeError(
+                        "the identity_loader must return flask_quota.Identity or None, "
+                        f"not {type(identity).__name__}"
+                    )
+                return identity
+        key = request.headers.get(settings.api_key_header)
+        if key is None:
+            return None
+        if plausible_api_key(key) and self._api_key_loader is not None:
+            identity = self._api_key_loader(key)
+            if identity is not None:
+                return identity
+        if settings.reject_unknown_keys:
+            raise InvalidApiKey(settings.api_key_header)
+        return None  # unknown keys are anonymous: inventing keys buys no fresh bucket
+
+    def _after_request(self, response: Response) -> Response:
+        decision: Decision | None = g.pop("_quota", None)
+        if decision is not None:
+            for name, value in rate_limit_headers(decision, get_state().settings.headers):
+                response.headers[name] = value
+        return response

@@ -1,0 +1,47 @@
+"""Who is calling: identities, client addresses and API key syntax."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+__all__ = ["Identity", "client_ip", "plausible_api_key"]
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """A caller known to the app. ``plan`` ``None`` means ``QUOTA_DEFAULT_PLAN``."""
+
+    id: str
+    plan: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ValueError("Identity.id must be a non-empty string")
+
+
+def client_ip(remote_addr: str | None) -> str:
+    """The address the global tier is keyed by; IPv6 grouped by /64.
+
+    Only ``request.remote_addr`` is trusted: behind a proxy the app applies
+    Werkzeug's ``ProxyFix``, so a client's own ``X-Forwarded-For`` changes nothing.
+    """
+    try:
+        address = ipaddress.ip_address((remote_addr or "").split("%", 1)[0])
+    except ValueError:
+        return "unknown"
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        # One subscriber usually owns a whole /64; keying by /128 is free to evade.
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+_KEY_RE = re.compile(r"[\x21-\x7e]{8,256}")
+
+
+def plausible_api_key(value: str) -> bool:
+    """Cheap syntax check before any lookup: 8-256 visible ASCII characters."""
+    return _KEY_RE.fullmatch(value) is not None

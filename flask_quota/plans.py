@@ -1,0 +1,117 @@
+"""Plans: named sets of rates per tier and resource, and the upgrade hint of a 429."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .rates import Rate, parse_rate
+from .tiers import Tier
+
+__all__ = ["DEFAULT_PLANS", "Plan", "PlanCatalog", "catalog_from_config"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Rates of one plan. A tier without a rate does not apply to the plan."""
+
+    name: str
+    global_rate: Rate | None = None
+    user_rate: Rate | None = None
+    resources: Mapping[str, Rate] = field(default_factory=dict)
+    description: str = ""
+    upgrade: str | None = None  # overrides the generated hint in 429 bodies
+
+    def rate_for(self, tier: Tier, resource: str | None = None) -> Rate | None:
+        if tier is Tier.GLOBAL:
+            return self.global_rate
+        if tier is Tier.USER:
+            return self.user_rate
+        return self.resources.get(resource) if resource else None
+
+
+class PlanCatalog(Mapping[str, Plan]):
+    """Plans in upgrade order (cheapest first), with a fallback plan."""
+
+    def __init__(self, plans: list[Plan], *, upgrade_url: str = "/pricing") -> None:
+        if not plans:
+            raise ValueError("a plan catalog needs at least one plan")
+        self._plans = {plan.name: plan for plan in plans}
+        self._order = [plan.name for plan in plans]
+        self.upgrade_url = upgrade_url
+
+    def __getitem__(self, name: str) -> Plan:
+        return self._plans[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def upgrade_hint(self, plan: str, tier: Tier, resource: str | None) -> str | None:
+        """``"Pro raises this to 30 per minute: see /pricing"``, or the plan's own text."""
+        current = self._plans.get(plan)
+        if current is not None and current.upgrade:
+            return current.upgrade
+        mine = current.rate_for(tier, resource) if current else None
+        later = self._order[self._order.index(plan) + 1 :] if plan in self._plans else []
+        for name in later:
+            theirs = self._plans[name].rate_for(tier, resource)
+            if theirs is not None and (mine is None or _per_second(theirs) > _per_second(mine)):
+                return f"{name.capitalize()} raises this to {theirs.per()}: see {self.upgrade_url}"
+        return None
+
+
+def _per_second(rate: Rate) -> float:
+    return rate.limit / rate.window
+
+
+# The seed's table (SPEC section 2).
+DEFAULT_PLANS: dict[str, dict[str, Any]] = {
+    "free": {
+        "global": "50/second",
+        "user": "100/minute",
+        "resources": {"ai_inference": "5/minute", "bulk_search": "10/minute"},
+    },
+    "pro": {
+        "global": "50/second",
+        "user": "500/minute",
+        "resources": {"ai_inference": "30/minute", "bulk_search": "60/minute"},
+    },
+    "enterprise": {
+        "global": "200/second",
+        "user": "2000/minute",
+        "resources": {"ai_inference": "120/minute", "bulk_search": "300/minute"},
+    },
+}
+
+
+def catalog_from_config(config: Mapping[str, Any], *, upgrade_url: str) -> PlanCatalog:
+    """Build plans from a ``QUOTA_PLANS``-style dict; errors name the plan and field."""
+    if not isinstance(config, Mapping) or not config:
+        raise ValueError("QUOTA_PLANS must be a non-empty dict of plan name -> settings")
+    plans = []
+    for name, spec in config.items():
+        where = f"QUOTA_PLANS[{name!r}]"
+        if not isinstance(name, str) or not name or not isinstance(spec, Mapping):
+            raise ValueError(f"{where} must map a plan name to a dict")
+        unknown = set(spec) - {"global", "user", "resources", "description", "upgrade"}
+        if unknown:
+            raise ValueError(f"{where} has unknown fields {sorted(unknown)}")
+        try:
+            resources = {str(k): parse_rate(v) for k, v in dict(spec.get("resources", {})).items()}
+            plans.append(
+                Plan(
+                    name,
+                    parse_rate(spec["global"]) if spec.get("global") else None,
+                    parse_rate(spec["user"]) if spec.get("user") else None,
+                    resources,
+                    str(spec.get("description", "")),
+                    spec.get("upgrade"),
+                )
+            )
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    return PlanCatalog(plans, upgrade_url=upgrade_url)

@@ -1,0 +1,120 @@
+"""Which tiers apply to a request, and what the storage said about them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .algorithms import Algorithm, Outcome
+from .keys import KeyBuilder
+from .plans import Plan
+from .rates import Rate
+from .storage import Check, Verdict
+from .tiers import Tier
+
+__all__ = ["Decision", "LimitSpec", "Policy", "TierCheck", "TierResult"]
+
+US = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSpec:
+    """What ``@quota.limit`` recorded on a view."""
+
+    rate: Rate | None
+    resource: str | None
+    cost: int | Callable[[], int]
+
+
+@dataclass(frozen=True, slots=True)
+class TierCheck:
+    tier: Tier
+    name: str  # the policy name in headers: "global", "user" or the resource
+    check: Check
+
+
+@dataclass(frozen=True, slots=True)
+class TierResult:
+    tier: Tier
+    name: str
+    rate: Rate
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Every tier's outcome for one request."""
+
+    plan: str
+    results: tuple[TierResult, ...]
+    now_us: int
+
+    @classmethod
+    def from_verdict(cls, plan: str, checks: list[TierCheck], verdict: Verdict) -> Decision:
+        results = tuple(
+            TierResult(c.tier, c.name, c.check.rate, o)
+            for c, o in zip(checks, verdict.outcomes, strict=True)
+        )
+        return cls(plan, results, verdict.now_us)
+
+    @property
+    def allowed(self) -> bool:
+        return all(r.outcome.allowed for r in self.results)
+
+    @property
+    def denied(self) -> TierResult | None:
+        """The denying tier that makes the caller wait longest."""
+        denied = [r for r in self.results if not r.outcome.allowed]
+        return max(denied, key=lambda r: r.outcome.retry_after_us) if denied else None
+
+    @property
+    def closest(self) -> TierResult | None:
+        """The tier nearest its limit: fewest remaining; ties go to the latest reset."""
+        if not self.results:
+            return None
+        return min(self.results, key=lambda r: (r.outcome.remaining, -r.outcome.reset_us))
+
+    def seconds_until(self, at_us: int) -> int:
+        """Whole seconds from now until ``at_us``, rounded up."""
+        return max(0, -(-(at_us - self.now_us) // US))
+
+
+class Policy:
+    """Turns (plan, caller, endpoint) into storage checks; no Flask here."""
+
+    def __init__(self, keys: KeyBuilder, algorithm: Algorithm) -> None:
+        self.keys = keys
+        self.algorithm = algorithm
+
+    def checks(
+        self,
+        plan: Plan,
+        *,
+        ip_tag: str,
+        identity_tag: str,
+        method: str,
+        spec: LimitSpec | None,
+        resource: str | None,
+        cost: int,
+    ) -> list[TierCheck]:
+        """The global, user and endpoint checks that apply, in that order.
+
+        ``cost`` weighs the endpoint tier only: the global and user tiers count
+        requests, the endpoint tier counts the work a request asks for.
+        """
+        algorithm = self.algorithm
+        checks = []
+        if plan.global_rate is not None:
+            key = self.keys.global_key(ip_tag, algorithm)
+            checks.append(
+                TierCheck(Tier.GLOBAL, "global", Check(key, algorithm, plan.global_rate, 1))
+            )
+        if plan.user_rate is not None:
+            key = self.keys.user_key(identity_tag, algorithm)
+            checks.append(TierCheck(Tier.USER, "user", Check(key, algorithm, plan.user_rate, 1)))
+        if spec is not None and resource is not None:
+            rate = plan.resources.get(resource) or spec.rate
+            if rate is not None:
+                key = self.keys.endpoint_key(identity_tag, method, resource, algorithm)
+                checks.append(TierCheck(Tier.ENDPOINT, resource, Check(key, algorithm, rate, cost)))
+        return checks

@@ -1,0 +1,98 @@
+"""Rate strings: ``"100/minute"``, ``"100 per minute"``, ``"10/second; burst=100"``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["Rate", "parse_rate"]
+
+_UNITS = {
+    "s": 1, "sec": 1, "second": 1,
+    "m": 60, "min": 60, "minute": 60,
+    "h": 3600, "hr": 3600, "hour": 3600,
+    "d": 86400, "day": 86400,
+}  # fmt: skip
+_UNIT_NAMES = {1: "second", 60: "minute", 3600: "hour", 86400: "day"}
+
+_RATE_RE = re.compile(
+    r"""^\s*(?P<limit>\d{1,12})\s*(?:/|\s+per\s+)\s*
+        (?:(?P<mult>\d{1,6})\s*)?(?P<unit>[a-z]{1,10})\s*
+        (?:;\s*burst\s*=\s*(?P<burst>\d{1,12})\s*)?$""",
+    re.IGNORECASE | re.VERBOSE,
+)
+
+ACCEPTED = (
+    "'N/second', 'N per minute', 'N/hour', 'N/day', 'N/5 minutes', "
+    "optionally followed by '; burst=B' (N and B positive integers)"
+)
+
+US = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """``limit`` units per ``window`` seconds; a token bucket holds ``burst`` (or ``limit``)."""
+
+    limit: int
+    window: int
+    burst: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.limit <= 0 or self.window <= 0 or (self.burst is not None and self.burst <= 0):
+            raise ValueError(f"rate {self!s} must have a positive limit, window and burst")
+        if self.window_us // self.limit < 1:
+            # Algorithms work in whole microseconds; one unit per microsecond is the ceiling.
+            raise ValueError(f"rate {self!s} is faster than one request per microsecond")
+
+    @property
+    def window_us(self) -> int:
+        return self.window * US
+
+    @property
+    def capacity(self) -> int:
+        """Token bucket size; equals ``limit`` unless a burst is given."""
+        return self.limit if self.burst is None else self.burst
+
+    @property
+    def policy_window(self) -> int:
+        """Seconds for a full bucket to refill from empty (the IETF ``w`` parameter)."""
+        if self.burst is None:
+            return self.window
+        return max(1, -(-self.burst * self.window // self.limit))
+
+    def per(self) -> str:
+        """Human wording, e.g. ``"30 per minute"``."""
+        unit = _UNIT_NAMES.get(self.window)
+        period = unit if unit else f"{self.window} seconds"
+        return f"{self.limit} per {period}"
+
+    def __str__(self) -> str:
+        unit = _UNIT_NAMES.get(self.window)
+        text = f"{self.limit}/{unit}" if unit else f"{self.limit}/{self.window} seconds"
+        return text if self.burst is None else f"{text}; burst={self.burst}"
+
+
+def _unit_seconds(word: str) -> int | None:
+    word = word.lower()
+    if word not in _UNITS and len(word) > 2 and word.endswith("s"):
+        word = word[:-1]  # plural; "ms" stays unknown rather than meaning minutes
+    return _UNITS.get(word)
+
+
+def parse_rate(text: str | Rate) -> Rate:
+    """Parse a rate string; raise ``ValueError`` naming the text and the accepted forms."""
+    if isinstance(text, Rate):
+        return text
+    if not isinstance(text, str):
+        raise ValueError(f"rate must be a string such as '100/minute', not {type(text).__name__}")
+    match = _RATE_RE.match(text) if len(text) <= 100 else None
+    unit = _unit_seconds(match.group("unit")) if match else None
+    if match is None or unit is None:
+        raise ValueError(f"malformed rate {text[:100]!r}: expected {ACCEPTED}")
+    mult = int(match.group("mult") or 1)
+    burst = match.group("burst")
+    try:
+        return Rate(int(match.group("limit")), mult * unit, int(burst) if burst else None)
+    except ValueError as exc:
+        raise ValueError(f"invalid rate {text!r}: {exc}; expected {ACCEPTED}") from None

@@ -1,0 +1,146 @@
+"""``QUOTA_*`` configuration, read once into a frozen, validated object."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from .algorithms import Algorithm
+from .plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
+
+__all__ = ["DEFAULTS", "FailMode", "HeaderMode", "Settings"]
+
+E = TypeVar("E", bound=StrEnum)
+
+
+class HeaderMode(StrEnum):
+    LEGACY = "legacy"
+    IETF = "ietf"
+    BOTH = "both"
+    NONE = "none"
+
+
+class FailMode(StrEnum):
+    OPEN = "open"
+    CLOSED = "closed"
+    LOCAL = "local"
+
+
+DEFAULTS: dict[str, Any] = {
+    "QUOTA_STORAGE_URL": "memory://",
+    "QUOTA_ALGORITHM": "token_bucket",
+    "QUOTA_DEFAULT_PLAN": "free",
+    "QUOTA_ANONYMOUS_PLAN": "free",
+    "QUOTA_API_KEY_HEADER": "X-API-Key",
+    "QUOTA_HEADERS": "both",
+    "QUOTA_FAIL_MODE": "open",
+    "QUOTA_STORAGE_TIMEOUT": 0.1,
+    "QUOTA_DASHBOARD_URL": None,
+    "QUOTA_ENABLED": True,
+    "QUOTA_PLANS": None,
+    "QUOTA_KEY_PREFIX": "quota",
+    "QUOTA_UPGRADE_URL": "/pricing",
+    "QUOTA_REJECT_UNKNOWN_KEYS": False,
+    "QUOTA_BREAKER_COOLDOWN": 1.0,
+}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class Settings:
+    storage_url: str
+    algorithm: Algorithm
+    default_plan: str
+    anonymous_plan: str
+    api_key_header: str
+    headers: HeaderMode
+    fail_mode: FailMode
+    storage_timeout: float
+    dashboard_url: str | None
+    enabled: bool
+    plans: PlanCatalog
+    key_prefix: str
+    upgrade_url: str
+    reject_unknown_keys: bool
+    breaker_cooldown: float
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Settings:
+        """Validate every key; a bad value raises ``ValueError`` naming the key and the fix.
+
+        Values may be strings (as they come from environment variables).
+        """
+        get = {key: config.get(key, default) for key, default in DEFAULTS.items()}
+        upgrade_url = _text(get, "QUOTA_UPGRADE_URL")
+        raw_plans = get["QUOTA_PLANS"]
+        if isinstance(raw_plans, str):
+            try:
+                raw_plans = json.loads(raw_plans)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"QUOTA_PLANS is not valid JSON: {exc}") from None
+        plans = catalog_from_config(raw_plans or DEFAULT_PLANS, upgrade_url=upgrade_url)
+        settings = cls(
+            storage_url=_text(get, "QUOTA_STORAGE_URL"),
+            algorithm=_choice(get, "QUOTA_ALGORITHM", Algorithm),
+            default_plan=_text(get, "QUOTA_DEFAULT_PLAN"),
+            anonymous_plan=_text(get, "QUOTA_ANONYMOUS_PLAN"),
+            api_key_header=_text(get, "QUOTA_API_KEY_HEADER"),
+            headers=_choice(get, "QUOTA_HEADERS", HeaderMode),
+            fail_mode=_choice(get, "QUOTA_FAIL_MODE", FailMode),
+            storage_timeout=_positive(get, "QUOTA_STORAGE_TIMEOUT"),
+            dashboard_url=get["QUOTA_DASHBOARD_URL"] or None,
+            enabled=_flag(get, "QUOTA_ENABLED"),
+            plans=plans,
+            key_prefix=_text(get, "QUOTA_KEY_PREFIX"),
+            upgrade_url=upgrade_url,
+            reject_unknown_keys=_flag(get, "QUOTA_REJECT_UNKNOWN_KEYS"),
+            breaker_cooldown=_positive(get, "QUOTA_BREAKER_COOLDOWN"),
+        )
+        for key in ("QUOTA_DEFAULT_PLAN", "QUOTA_ANONYMOUS_PLAN"):
+            if get[key] not in plans:
+                raise ValueError(f"{key}={get[key]!r} is not a plan; known plans: {list(plans)}")
+        if settings.dashboard_url is not None and not str(settings.dashboard_url).startswith("/"):
+            raise ValueError("QUOTA_DASHBOARD_URL must be a path starting with '/', e.g. '/quota'")
+        return settings
+
+
+def _text(get: dict[str, Any], key: str) -> str:
+    value = get[key]
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{key} must be a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _choice(get: dict[str, Any], key: str, enum: type[E]) -> E:
+    value = get[key]
+    try:
+        return enum(str(value).strip().lower())
+    except ValueError:
+        choices = ", ".join(repr(member.value) for member in enum)
+        raise ValueError(f"{key}={value!r} is not valid; choose one of {choices}") from None
+
+
+def _flag(get: dict[str, Any], key: str) -> bool:
+    value = get[key]
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise ValueError(f"{key}={value!r} is not a boolean; use true or false")
+
+
+def _positive(get: dict[str, Any], key: str) -> float:
+    value = get[key]
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not number > 0 or number == float("inf") or isinstance(value, bool):
+        raise ValueError(f"{key}={value!r} must be a positive number of seconds")
+    return number

@@ -1,0 +1,37 @@
+"""Storage backends: where counters live. ``storage_from_url`` picks one."""
+
+from __future__ import annotations
+
+from .base import Check, Clock, Storage, StorageError, Verdict, wall_clock_us
+from .memory import MemoryStorage
+
+__all__ = [
+    "Check",
+    "Clock",
+    "MemoryStorage",
+    "Storage",
+    "StorageError",
+    "Verdict",
+    "storage_from_url",
+    "wall_clock_us",
+]
+
+
+def storage_from_url(url: str, *, timeout: float) -> Storage:
+    """Build the backend for a ``QUOTA_STORAGE_URL``."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "memory":
+        return MemoryStorage()
+    if scheme in ("redis", "rediss", "unix"):
+        from .redis import RedisStorage  # redis-py is only imported when used
+
+        return RedisStorage.from_url(url, timeout=timeout)
+    if scheme in ("redis+sentinel", "redis+cluster"):
+        raise ValueError(
+            f"QUOTA_STORAGE_URL scheme {scheme!r} is not supported yet; "
+            "use memory://, redis://, rediss:// or unix://"
+        )
+    raise ValueError(
+        f"QUOTA_STORAGE_URL {url!r} has an unknown scheme: use memory://, redis://host:6379/0, "
+        "rediss://host:6380/0 or unix:///path/to/redis.sock"
+    )

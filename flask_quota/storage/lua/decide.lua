@@ -1,0 +1,46 @@
+-- Decide every tier of one request atomically, all-or-nothing.
+-- KEYS[i]: the state key of tier i.
+-- ARGV[1]: "decide" or "peek" (peek never writes).
+-- ARGV[2]: "" to use the Redis server clock (production); an integer
+--          microsecond time only from flask_quota.testing.
+-- ARGV[3 + 5*(i-1) ...]: algorithm code, limit, window_us, capacity, cost.
+-- Returns {now, all_allowed, then per tier: allowed, remaining, reset_us, retry_us}.
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+
+local algorithms = {
+  tb = token_bucket,
+  fw = fixed_window,
+  swl = sliding_window_log,
+  swc = sliding_window_counter,
+}
+
+local now = tonumber(ARGV[2])
+if now == nil then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local results = {}
+local all_allowed = 1
+for i, key in ipairs(KEYS) do
+  local a = 3 + 5 * (i - 1)
+  local algorithm = algorithms[ARGV[a]]
+  if algorithm == nil then return redis.error_reply('flask-quota: unknown algorithm ' .. tostring(ARGV[a])) end
+  local r = algorithm(key, now, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
+                      tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]))
+  if r[1] == 0 then all_allowed = 0 end
+  results[i] = r
+end
+
+if all_allowed == 1 and ARGV[1] == 'decide' then
+  for _, r in ipairs(results) do r[5]() end
+end
+
+local reply = {now, all_allowed}
+for _, r in ipairs(results) do
+  reply[#reply + 1] = r[1]
+  reply[#reply + 1] = r[2]
+  reply[#reply + 1] = r[3]
+  reply[#reply + 1] = r[4]
+end
+return reply

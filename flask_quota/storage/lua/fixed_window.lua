@@ -1,0 +1,24 @@
+-- Counter per epoch-aligned window, stored as "start:count".
+-- Mirrors flask_quota.algorithms.fixed_window.
+local function fixed_window(key, now, limit, window, capacity, cost)
+  local start = now - now % window
+  local count = 0
+  local raw = redis.call('GET', key)
+  if raw then
+    local s, c = string.match(raw, '^(%d+):(%d+)$')
+    if tonumber(s) == start then count = tonumber(c) end
+  end
+  local finish = start + window
+  if count + cost <= limit then
+    local used = count + cost
+    local reset = now
+    local ttl = 0
+    if used > 0 then reset = finish; ttl = finish - now end
+    return {1, limit - used, reset, 0, function() put(key, fmt(start) .. ':' .. fmt(used), ttl) end}
+  end
+  local reset = now
+  if count > 0 then reset = finish end
+  local retry = window
+  if cost <= limit then retry = finish - now end
+  return {0, limit - count, reset, retry}
+end

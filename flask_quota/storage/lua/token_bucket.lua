@@ -1,0 +1,16 @@
+-- GCRA token bucket: one "theoretical arrival time" per key.
+-- Mirrors flask_quota.algorithms.token_bucket.
+local function token_bucket(key, now, limit, window, capacity, cost)
+  local interval = math.floor(window / limit)
+  local tau = capacity * interval
+  local tat = tonumber(redis.call('GET', key))
+  local base = now
+  if tat ~= nil and tat > now then base = tat end
+  local new_tat = base + cost * interval
+  if new_tat - now <= tau then
+    local remaining = math.floor((tau - (new_tat - now)) / interval)
+    return {1, remaining, new_tat, 0, function() put(key, fmt(new_tat), new_tat - now) end}
+  end
+  local remaining = math.floor((tau - (base - now)) / interval)
+  return {0, remaining, base, new_tat - tau - now}
+end

@@ -1,0 +1,107 @@
+"""In-process backend: exact under threads, bounded by expiry. One process only."""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ..algorithms import ALGORITHMS, Step
+from .base import Check, Clock, Verdict, wall_clock_us
+
+__all__ = ["MemoryStorage"]
+
+_SLOT_US = 1_000_000  # expiry is swept in one-second slots
+
+
+class MemoryStorage:
+    """Counters in a dict guarded by one lock.
+
+    One lock makes every multi-tier decision atomic, which is what "exact"
+    means here; under the GIL a finer lock would buy little. Expired keys are
+    dropped in one-second slots so memory follows the active key set.
+    """
+
+    name = "memory"
+
+    def __init__(self, clock: Clock = wall_clock_us) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._data: dict[str, tuple[Any, int]] = {}  # key -> (state, expires_at_us)
+        self._slots: dict[int, set[str]] = {}  # slot -> keys expiring in it
+        self._slot_heap: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def decide(self, checks: Sequence[Check]) -> Verdict:
+        return self._run(checks, commit=True)
+
+    def peek(self, checks: Sequence[Check]) -> Verdict:
+        return self._run(checks, commit=False)
+
+    def clear(self, keys: Sequence[str]) -> None:
+        with self._lock:
+            for key in keys:
+                self._drop(key)
+
+    def ping(self) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self._slots.clear()
+            self._slot_heap.clear()
+
+    def sweep(self) -> None:
+        """Drop expired keys now (``decide`` also does it as time passes)."""
+        with self._lock:
+            self._sweep(self._clock())
+
+    def _run(self, checks: Sequence[Check], *, commit: bool) -> Verdict:
+        with self._lock:
+            now = self._clock()
+            self._sweep(now)
+            steps: list[Step] = []
+            for check in checks:
+                entry = self._data.get(check.key)
+                state = entry[0] if entry is not None and entry[1] > now else None
+                steps.append(ALGORITHMS[check.algorithm](state, now, check.rate, check.cost))
+            verdict = Verdict(now, tuple(step.outcome for step in steps))
+            if commit and verdict.allowed:
+                for check, step in zip(checks, steps, strict=True):
+                    self._store(check.key, step, now)
+            return verdict
+
+    def _store(self, key: str, step: Step, now: int) -> None:
+        if step.ttl_us <= 0:
+            self._drop(key)
+            return
+        expires = now + step.ttl_us
+        old = self._data.get(key)
+        self._data[key] = (step.state, expires)
+        slot, old_slot = expires // _SLOT_US + 1, (old[1] // _SLOT_US + 1) if old else None
+        if slot == old_slot:
+            return
+        if old_slot is not None:
+            self._slots[old_slot].discard(key)
+        keys = self._slots.get(slot)
+        if keys is None:
+            keys = self._slots[slot] = set()
+            heapq.heappush(self._slot_heap, slot)
+        keys.add(key)
+
+    def _drop(self, key: str) -> None:
+        old = self._data.pop(key, None)
+        if old is not None:
+            self._slots[old[1] // _SLOT_US + 1].discard(key)
+
+    def _sweep(self, now: int) -> None:
+        # A key in slot s expired before s * _SLOT_US, so the whole slot can go.
+        current = now // _SLOT_US
+        heap = self._slot_heap
+        while heap and heap[0] <= current:
+            for key in self._slots.pop(heapq.heappop(heap)):
+                del self._data[key]

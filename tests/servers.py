@@ -1,0 +1,122 @@
+"""Real servers for tests: redis-server and gunicorn processes on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+
+REDIS_SERVER = shutil.which("redis-server")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
+class RedisServer:
+    """A redis-server of our own that tests may kill, restart and pause."""
+
+    def __init__(self, workdir: Path, port: int | None = None, *extra: str) -> None:
+        if REDIS_SERVER is None:
+            raise RuntimeError("redis-server is not installed")
+        self.port = port or free_port()
+        self.workdir = workdir
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=5)
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [
+                str(REDIS_SERVER), "--port", str(self.port), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
+                "--logfile", str(self.workdir / f"redis-{self.port}.log"), *self.extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if self.client().ping():
+                    return
+            except redis.RedisError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def stop(self) -> None:
+        self.kill()
+
+
+class Gunicorn:
+    """``gunicorn wsgi:app`` (or another app) with real worker processes."""
+
+    def __init__(
+        self, env: dict[str, str], *, workers: int = 4, app: str = "wsgi:app", threads: int = 1
+    ) -> None:
+        self.port = free_port()
+        full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+        self.log = open(Path(env.get("GUNICORN_LOG", os.devnull)), "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "gunicorn", "--workers", str(workers),
+                "--threads", str(threads), "--bind", f"127.0.0.1:{self.port}",
+                "--graceful-timeout", "2", "--timeout", "30", app,
+            ],
+            cwd=ROOT,
+            env=full_env,
+            stdout=self.log,
+            stderr=self.log,
+            start_new_session=True,
+        )  # fmt: skip
+        wait_for_port(self.port, timeout=30)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
