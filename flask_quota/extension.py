@@ -180,11 +180,12 @@ class Quota:
         ip_tag = KeyBuilder.ip_tag(client_ip(request.remote_addr))
         catalog = state.catalog()
         if identity is None:
-            tag, plan_name = ip_tag, settings.anonymous_plan
+            tag = ip_tag
+            plan = catalog.resolve(settings.anonymous_plan, None, fallback=settings.default_plan)
         else:
             tag = KeyBuilder.identity_tag(identity.id)
             plan_name = identity.plan or settings.default_plan
-        plan = catalog.get(plan_name) or catalog[settings.default_plan]
+            plan = catalog.resolve(plan_name, identity.id, fallback=settings.default_plan)
 
         resource = (spec.resource or endpoint) if spec is not None else None
         cost = 1

@@ -50,6 +50,14 @@ class PlanCatalog(Mapping[str, Plan]):
     def __len__(self) -> int:
         return len(self._order)
 
+    def resolve(self, plan: str, identity_id: str | None, *, fallback: str) -> Plan:
+        """The plan that applies to a caller: ``plan``, else ``fallback``.
+
+        A catalog that knows per-client overrides (the SQL store) returns the
+        plan with them applied; this one has none.
+        """
+        return self._plans.get(plan) or self._plans[fallback]
+
     def upgrade_hint(self, plan: str, tier: Tier, resource: str | None) -> str | None:
         """``"Pro raises this to 30 per minute: see /pricing"``, or the plan's own text."""
         current = self._plans.get(plan)
