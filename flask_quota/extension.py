@@ -80,9 +80,9 @@ class Quota:
         for key, default in DEFAULTS.items():
             app.config.setdefault(key, default)
         settings = Settings.from_config(app.config)
-        storage = self._storage or storage_from_url(
-            settings.storage_url, timeout=settings.storage_timeout
-        )
+        storage = self._storage
+        if storage is None:
+            storage = storage_from_url(settings.storage_url, timeout=settings.storage_timeout)
         breaker = CircuitBreaker(storage.name, cooldown=settings.breaker_cooldown)
         plans = settings.plans
         app.extensions["quota"] = QuotaState(

@@ -19,7 +19,7 @@ _RATE_RE = re.compile(
     r"""^\s*(?P<limit>\d{1,12})\s*(?:/|\s+per\s+)\s*
         (?:(?P<mult>\d{1,6})\s*)?(?P<unit>[a-z]{1,10})\s*
         (?:;\s*burst\s*=\s*(?P<burst>\d{1,12})\s*)?$""",
-    re.IGNORECASE | re.VERBOSE,
+    re.IGNORECASE | re.VERBOSE | re.ASCII,
 )
 
 ACCEPTED = (

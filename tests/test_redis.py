@@ -1,0 +1,167 @@
+"""The Redis backend against a real redis-server: one EVALSHA, server clock, TTLs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+from flask import Flask
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flask_quota import Quota
+from flask_quota.algorithms import Algorithm
+from flask_quota.rates import parse_rate
+from flask_quota.storage import Check, MemoryStorage
+from flask_quota.storage.redis import RedisStorage
+from flask_quota.testing import FrozenClock
+from tests.servers import RedisServer
+
+
+class CountingConnection(redis.Connection):
+    """Counts what crosses the wire: one send + one read is one round trip."""
+
+    sent = 0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        CountingConnection.sent += 1
+        super().send_packed_command(command, check_health)
+
+
+def counting_client(server: RedisServer) -> redis.Redis:
+    pool = redis.ConnectionPool(
+        connection_class=CountingConnection, host="127.0.0.1", port=server.port
+    )
+    return redis.Redis(connection_pool=pool)
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+def test_every_key_has_a_ttl(redis_client: redis.Redis, algorithm: Algorithm) -> None:
+    """No key lives forever: each algorithm's state carries a PTTL."""
+    storage = RedisStorage(redis_client)
+    rates = ["5/second", "100/minute", "10/second; burst=50", "1000/day"]
+    storage.decide([Check(f"k{i}", algorithm, parse_rate(r), 1) for i, r in enumerate(rates)])
+    keys = redis_client.keys("*")
+    assert len(keys) == len(rates)
+    for key in keys:
+        assert redis_client.pttl(key) > 0
+
+
+def test_script_uses_the_redis_server_clock(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decision's time is Redis TIME even when the web server's clock is wrong."""
+    storage = RedisStorage(redis_client)
+    monkeypatch.setattr(time, "time", lambda: 946_684_800.0)  # web server thinks it is 2000
+    monkeypatch.setattr(time, "time_ns", lambda: 946_684_800 * 10**9)
+    verdict = storage.decide([Check("k", Algorithm.TOKEN_BUCKET, parse_rate("1/second"), 1)])
+    monkeypatch.undo()
+    seconds, micros = redis_client.time()
+    assert abs(verdict.now_us - (seconds * 1_000_000 + micros)) < 2_000_000
+
+
+def test_reloads_the_script_after_script_flush(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """NOSCRIPT (e.g. after a Redis restart) reloads the script transparently."""
+    client = counting_client(redis_server)
+    storage = RedisStorage(client)
+    check = Check("k", Algorithm.TOKEN_BUCKET, parse_rate("5/minute"), 1)
+    storage.decide([check])
+    client.script_flush()
+    assert storage.decide([check]).outcomes[0].remaining == 3
+    before = CountingConnection.sent
+    storage.decide([check])
+    assert CountingConnection.sent - before == 1  # back to a single EVALSHA
+
+
+def test_three_tiers_cost_one_round_trip(redis_server: RedisServer, tmp_path: Any) -> None:
+    """A request checked against global, user and endpoint tiers costs exactly one
+    round trip to Redis, allowed or denied, for every algorithm."""
+    client = counting_client(redis_server)
+    for algorithm in Algorithm:
+        client.flushall()
+        app = Flask(__name__, instance_path=str(tmp_path / algorithm.value))
+        app.config.update(
+            QUOTA_ALGORITHM=algorithm.value,
+            QUOTA_PLANS={
+                "free": {
+                    "global": "50/second",
+                    "user": "100/minute",
+                    "resources": {"ai": "2/minute"},
+                }
+            },
+        )
+        quota = Quota(app, storage=RedisStorage(client))
+
+        @app.post("/infer")
+        @quota.limit(resource="ai")
+        def infer() -> str:
+            return "ok"
+
+        http = app.test_client()
+        http.post("/infer")  # warm the connection and the script cache
+        statuses = []
+        for _ in range(3):
+            before = CountingConnection.sent
+            statuses.append(http.post("/infer").status_code)
+            assert CountingConnection.sent - before == 1, algorithm
+        assert statuses == [200, 429, 429], algorithm
+
+
+def test_client_input_cannot_choose_the_cluster_slot() -> None:
+    """Braces in an identity are escaped: the hash tag is always the whole escaped id."""
+    from redis.crc import key_slot
+
+    from flask_quota.keys import KeyBuilder
+
+    keys = KeyBuilder("quota")
+    hostile = keys.identity_tag("}{victim}")
+    key = keys.user_key(hostile, Algorithm.TOKEN_BUCKET)
+    assert key.count("{") == 1 and key.count("}") == 1
+    assert key_slot(key.encode()) == key_slot(b"{" + hostile.encode() + b"}")
+    victim = keys.user_key(keys.identity_tag("victim"), Algorithm.TOKEN_BUCKET)
+    assert key_slot(key.encode()) != key_slot(victim.encode()) or key != victim
+    endpoint = keys.endpoint_key(hostile, "GET", "x:y", Algorithm.TOKEN_BUCKET)
+    assert endpoint.split("}")[0] == key.split("}")[0]  # same slot as the user tier
+
+
+# -- memory and Redis agree decision for decision ---------------------------------
+
+RATES = ["3/second", "5/minute", "2/second; burst=6", "7/10 seconds", "1/hour"]
+steps = st.lists(
+    st.tuples(
+        st.sampled_from([0, 1, 999, 50_000, 333_333, 1_000_000, 4_000_000, 61_000_000]),
+        st.integers(min_value=0, max_value=4),  # cost
+        st.integers(min_value=0, max_value=2),  # which pair of keys
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(rate_text=st.sampled_from(RATES), timeline=steps)
+def test_memory_and_redis_agree(
+    redis_client: redis.Redis,
+    algorithm: Algorithm,
+    rate_text: str,
+    timeline: list[tuple[int, int, int]],
+) -> None:
+    """Random timings and costs: both backends return identical verdicts, step by step."""
+    redis_client.flushall()
+    clock = FrozenClock(1_700_000_123.456789)
+    memory, remote = MemoryStorage(clock), RedisStorage(redis_client, clock=clock)
+    rate, other = parse_rate(rate_text), parse_rate("4/second")
+    for delta_us, cost, pair in timeline:
+        clock.now_us += delta_us
+        checks = [
+            Check(f"a{pair}", algorithm, rate, cost),
+            Check(f"b{pair % 2}", algorithm, other, 1),
+        ]
+        assert memory.decide(checks) == remote.decide(checks)
