@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
+import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,6 +60,23 @@ def get_state(app: Flask | None = None) -> QuotaState:
     return state
 
 
+def _gunicorn_workers() -> int | None:
+    """Workers of the gunicorn serving us, from its command line; None if unknown."""
+    try:
+        args = shlex.split(os.environ.get("GUNICORN_CMD_ARGS", "")) + sys.argv[1:]
+    except ValueError:
+        return None
+    workers: str | None = os.environ.get("WEB_CONCURRENCY", "1")
+    for i, arg in enumerate(args):
+        if arg in ("-w", "--workers"):
+            workers = args[i + 1] if i + 1 < len(args) else None
+        elif arg.startswith("--workers="):
+            workers = arg.partition("=")[2]
+        elif arg.startswith("-w") and arg[2:].isdigit():
+            workers = arg[2:]
+    return int(workers) if workers and workers.isdigit() else None
+
+
 class Quota:
     """Rate limiting for a Flask app: ``Quota(app)`` or ``Quota()`` + ``init_app(app)``.
 
@@ -95,11 +114,13 @@ class Quota:
         )
         app.before_request(self._before_request)
         app.after_request(self._after_request)
-        if storage.name == "memory" and "gunicorn" in sys.modules:
+        workers = _gunicorn_workers()
+        if storage.name == "memory" and workers != 1 and "gunicorn" in sys.modules:
             log.warning(
-                "flask-quota: QUOTA_STORAGE_URL is memory:// - every gunicorn worker keeps its "
-                "own counters, so N workers allow up to N times each limit. Set "
-                "QUOTA_STORAGE_URL=redis://... to share one limit across workers and servers."
+                "flask-quota: QUOTA_STORAGE_URL is memory:// under gunicorn with %s workers: "
+                "every worker keeps its own counters, so each limit is multiplied by the "
+                "number of workers. Set QUOTA_STORAGE_URL=redis://... to share one limit.",
+                workers or "several",
             )
 
     # -- decorators ---------------------------------------------------------
