@@ -24,6 +24,7 @@ from .policy import Decision, LimitSpec, Policy
 from .rates import Rate, parse_rate
 from .settings import DEFAULTS, Settings
 from .storage import Storage, storage_from_url
+from .usage import UsageRecorder, usage_sink
 
 __all__ = ["Quota", "QuotaState", "get_state"]
 
@@ -46,6 +47,7 @@ class QuotaState:
     guard: GuardedStorage
     policy: Policy
     catalog: Callable[[], PlanCatalog]  # swapped for a SQL-backed source by the SQL layer
+    usage: UsageRecorder | None = None  # per-minute counts for the dashboard, when mounted
 
 
 def get_state(app: Flask | None = None) -> QuotaState:
@@ -104,6 +106,9 @@ class Quota:
             storage = storage_from_url(settings.storage_url, timeout=settings.storage_timeout)
         breaker = CircuitBreaker(storage.name, cooldown=settings.breaker_cooldown)
         plans = settings.plans
+        usage = None
+        if settings.dashboard_url is not None:
+            usage = UsageRecorder(usage_sink(storage, settings.key_prefix))
         app.extensions["quota"] = QuotaState(
             quota=self,
             settings=settings,
@@ -111,6 +116,7 @@ class Quota:
             guard=GuardedStorage(storage, settings.fail_mode, breaker),
             policy=Policy(KeyBuilder(settings.key_prefix), settings.algorithm),
             catalog=lambda: plans,
+            usage=usage,
         )
         app.before_request(self._before_request)
         app.after_request(self._after_request)
@@ -230,6 +236,7 @@ class Quota:
             return
         decision = Decision.from_verdict(plan.name, checks, verdict)
         g._quota = decision
+        g._quota_who = tag
         denied = decision.denied
         if denied is not None:
             resource_name = denied.name if spec is not None and denied.name == resource else None
@@ -260,6 +267,9 @@ class Quota:
     def _after_request(self, response: Response) -> Response:
         decision: Decision | None = g.pop("_quota", None)
         if decision is not None:
-            for name, value in rate_limit_headers(decision, get_state().settings.headers):
+            state = get_state()
+            for name, value in rate_limit_headers(decision, state.settings.headers):
                 response.headers[name] = value
+            if state.usage is not None:
+                state.usage.record(g._quota_who, decision.plan, decision.usage_outcomes())
         return response

@@ -74,6 +74,12 @@ class Decision:
             return None
         return min(self.results, key=lambda r: (r.outcome.remaining, -r.outcome.reset_us))
 
+    def usage_outcomes(self) -> list[tuple[str, bool]]:
+        """(tier name, allowed) to count: every tier if admitted, else the denying ones."""
+        if self.allowed:
+            return [(r.name, True) for r in self.results]
+        return [(r.name, False) for r in self.results if not r.outcome.allowed]
+
     def seconds_until(self, at_us: int) -> int:
         """Whole seconds from now until ``at_us``, rounded up."""
         return max(0, -(-(at_us - self.now_us) // US))
