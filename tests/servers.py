@@ -17,6 +17,19 @@ REDIS_SERVER = shutil.which("redis-server")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _control_socket_flags() -> list[str]:
+    """Gunicorn >= 25.1 opens a control socket at one fixed path in $HOME by default;
+    concurrent test servers would unlink each other's. Ours need none."""
+    try:
+        import gunicorn.config
+    except ImportError:
+        return []
+    return ["--no-control-socket"] if hasattr(gunicorn.config, "ControlSocketDisable") else []
+
+
+_NO_CONTROL_SOCKET = _control_socket_flags()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -66,13 +79,17 @@ class RedisServer:
         )  # fmt: skip
         deadline = time.monotonic() + 10
         while True:
+            client = self.client()
             try:
-                if self.client().ping():
+                if client.ping():
                     return
             except redis.RedisError:
                 if time.monotonic() > deadline:
+                    self.kill()  # never leave a half-started server behind
                     raise
                 time.sleep(0.02)
+            finally:
+                client.close()
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -80,24 +97,37 @@ class RedisServer:
             self.proc.wait()
             self.proc = None
 
+    def pause(self, milliseconds: int) -> None:
+        """Hang the server: it accepts connections but answers no command for a while."""
+        client = self.client()
+        try:
+            client.client_pause(milliseconds, all=True)
+        finally:
+            client.close()
+
     def stop(self) -> None:
         self.kill()
 
 
 class Gunicorn:
-    """``gunicorn wsgi:app`` (or another app) with real worker processes."""
+    """``gunicorn wsgi:app`` (or another app) with real worker processes.
+
+    The app sees only the ``QUOTA_*`` variables in ``env``, never ones inherited
+    from the test runner, so every server is configured by its test alone.
+    """
 
     def __init__(
         self, env: dict[str, str], *, workers: int = 4, app: str = "wsgi:app", threads: int = 1
     ) -> None:
         self.port = free_port()
-        full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("QUOTA_")}
+        full_env = {**inherited, **env, "PYTHONPATH": str(ROOT)}
         self.log = open(Path(env.get("GUNICORN_LOG", os.devnull)), "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
                 sys.executable, "-m", "gunicorn", "--workers", str(workers),
                 "--threads", str(threads), "--bind", f"127.0.0.1:{self.port}",
-                "--graceful-timeout", "2", "--timeout", "30", app,
+                "--graceful-timeout", "2", "--timeout", "30", *_NO_CONTROL_SOCKET, app,
             ],
             cwd=ROOT,
             env=full_env,
@@ -105,7 +135,11 @@ class Gunicorn:
             stderr=self.log,
             start_new_session=True,
         )  # fmt: skip
-        wait_for_port(self.port, timeout=30)
+        try:
+            wait_for_port(self.port, timeout=30)
+        except BaseException:
+            self.stop()  # never leak a server that failed to start
+            raise
 
     @property
     def url(self) -> str:
