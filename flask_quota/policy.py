@@ -124,3 +124,31 @@ class Policy:
                 key = self.keys.endpoint_key(identity_tag, method, resource, algorithm)
                 checks.append(TierCheck(Tier.ENDPOINT, resource, Check(key, algorithm, rate, cost)))
         return checks
+
+    def inspection_checks(
+        self,
+        plan: Plan,
+        tag: str,
+        endpoints: list[tuple[str, str, LimitSpec]],
+    ) -> list[TierCheck]:
+        """Cost-0 checks over every bucket of one identity (``tag``): for peeking
+        at usage and for resets. The global tier is per IP, so it is included
+        only when the tag is an IP's. ``endpoints`` are (method, resource, spec).
+        """
+        algorithm = self.algorithm
+        checks = []
+        if plan.global_rate is not None and tag.startswith("ip="):
+            key = self.keys.global_key(tag, algorithm)
+            checks.append(
+                TierCheck(Tier.GLOBAL, "global", Check(key, algorithm, plan.global_rate, 0))
+            )
+        if plan.user_rate is not None:
+            key = self.keys.user_key(tag, algorithm)
+            checks.append(TierCheck(Tier.USER, "user", Check(key, algorithm, plan.user_rate, 0)))
+        for method, resource, spec in endpoints:
+            rate = plan.resources.get(resource) or spec.rate
+            if rate is not None:
+                key = self.keys.endpoint_key(tag, method, resource, algorithm)
+                name = f"{resource} ({method})"
+                checks.append(TierCheck(Tier.ENDPOINT, name, Check(key, algorithm, rate, 0)))
+        return checks

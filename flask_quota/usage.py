@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "HOUR",
+    "REQUESTS",
     "MemoryUsageSink",
     "MinuteUsage",
     "RedisUsageSink",
@@ -36,6 +37,7 @@ TOP_KEPT = 1000  # identities kept per minute for the top list
 TTL_SECONDS = (HOUR + 5) * 60
 
 Batch = dict[tuple[int, str, str, bool], int]  # (minute, identity, tier name, allowed) -> count
+REQUESTS = "*"  # the tier name under which whole requests are counted per identity
 
 
 @dataclass
@@ -73,11 +75,12 @@ class MemoryUsageSink:
         with self._lock:
             for (minute, identity, tier, allowed), count in batch.items():
                 usage = self._minutes.setdefault(minute, MinuteUsage(minute))
+                if tier == REQUESTS:
+                    usage.identities[identity] += count
+                    continue
                 usage.tiers[(tier, allowed)] += count
-                usage.identities[identity] += count
-                self._by_identity.setdefault((minute, identity), Counter())[(tier, allowed)] += (
-                    count
-                )
+                mine = self._by_identity.setdefault((minute, identity), Counter())
+                mine[(tier, allowed)] += count
             self._plans.update(plans)
             self._prune(max(self._minutes, default=0))
 
@@ -105,9 +108,9 @@ class MemoryUsageSink:
             result = []
             for m in range(now_minute - last + 1, now_minute + 1):
                 tiers = self._by_identity.get((m, identity), Counter())
-                result.append(
-                    MinuteUsage(m, Counter(tiers), Counter({identity: sum(tiers.values())}))
-                )
+                minute = self._minutes.get(m)
+                requests = minute.identities.get(identity, 0) if minute else 0
+                result.append(MinuteUsage(m, Counter(tiers), Counter({identity: requests})))
             return result
 
     def plan_of(self, identities: Iterable[str], now_minute: int) -> dict[str, str]:
@@ -143,11 +146,13 @@ class RedisUsageSink:
         touched: set[str] = set()
         per_identity: Counter[tuple[int, str]] = Counter()
         for (minute, identity, tier, allowed), count in batch.items():
+            if tier == REQUESTS:
+                per_identity[(minute, identity)] += count
+                continue
             field_name = f"{tier}|{'a' if allowed else 'd'}"
             for key in (self._key(minute, "t"), self._key(minute, "id", identity)):
                 pipe.hincrby(key, field_name, count)
                 touched.add(key)
-            per_identity[(minute, identity)] += count
         for (minute, identity), count in per_identity.items():
             top = self._key(minute, "top")
             pipe.zincrby(top, count, identity)
@@ -187,10 +192,14 @@ class RedisUsageSink:
         pipe = self.client.pipeline(transaction=False)
         for m in span:
             pipe.hgetall(self._key(m, "id", identity))
+            pipe.zscore(self._key(m, "top"), identity)
+        replies = pipe.execute()
         result = []
-        for m, tiers in zip(span, pipe.execute(), strict=True):
-            counts = _tier_counts(tiers)
-            result.append(MinuteUsage(m, counts, Counter({identity: sum(counts.values())})))
+        for i, m in enumerate(span):
+            requests = int(replies[2 * i + 1] or 0)
+            result.append(
+                MinuteUsage(m, _tier_counts(replies[2 * i]), Counter({identity: requests}))
+            )
         return result
 
     def plan_of(self, identities: Iterable[str], now_minute: int) -> dict[str, str]:
@@ -256,9 +265,13 @@ class UsageRecorder:
             if len(self._pending) >= self.max_pending:
                 self._dropped += 1  # the sink is unreachable or slow; drop, never grow
                 return
+            admitted = True
             for tier, allowed in outcomes:
                 key = (minute, identity, tier, allowed)
                 self._pending[key] = self._pending.get(key, 0) + 1
+                admitted = admitted and allowed
+            key = (minute, identity, REQUESTS, admitted)
+            self._pending[key] = self._pending.get(key, 0) + 1
             self._plans[identity] = plan
         if self._thread_pid != os.getpid():
             self._start()

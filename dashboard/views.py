@@ -1,0 +1,208 @@
+"""Dashboard routes. Every view is exempt from the app's limits, behind auth and CSRF."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from flask import (
+    Blueprint,
+    Flask,
+    Response,
+    abort,
+    current_app,
+    flash,
+    g,
+    jsonify,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from flask.blueprints import BlueprintSetupState
+from flask_wtf.csrf import CSRFError, generate_csrf, validate_csrf
+from wtforms import ValidationError
+
+from flask_quota.extension import exempt, get_state
+from flask_quota.storage import StorageError
+from flask_quota.usage import HOUR
+
+from . import chart, data
+from .auth import Authenticator, auth_from_config
+
+__all__ = ["BLUEPRINT_NAME", "make_blueprint"]
+
+BLUEPRINT_NAME = "quota_dashboard"
+
+# No inline script or style anywhere: everything is served from our static folder.
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+
+
+def _authenticator() -> Authenticator:
+    auth: Authenticator = current_app.extensions["quota_dashboard"]
+    return auth
+
+
+def make_blueprint() -> Blueprint:
+    bp = Blueprint(
+        BLUEPRINT_NAME,
+        __name__,
+        template_folder="templates",
+        static_folder="static",
+        static_url_path="/static",
+    )
+
+    @bp.record_once
+    def setup(setup_state: BlueprintSetupState) -> None:
+        app = cast(Flask, setup_state.app)
+        if not app.secret_key:
+            raise ValueError(
+                "QUOTA_DASHBOARD_URL needs app.secret_key: the dashboard signs its CSRF "
+                "tokens and session with it."
+            )
+        state = get_state(app)
+        app.extensions["quota_dashboard"] = auth_from_config(
+            app.config, state.storage, state.policy.keys
+        )
+
+    @bp.before_request
+    def guard() -> Response | None:
+        result = _authenticator().check()
+        if isinstance(result, Response):
+            return result
+        g.quota_operator = result
+        if request.method == "POST":
+            token = request.form.get("csrf_token") or request.headers.get("X-CSRFToken")
+            try:
+                validate_csrf(token)
+            except (ValidationError, CSRFError):
+                return Response(
+                    "CSRF token missing or invalid: nothing was changed. Reload the page.",
+                    400,
+                    content_type="text/plain",
+                )
+        return None
+
+    @bp.after_request
+    def security_headers(response: Response) -> Response:
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    @bp.app_context_processor
+    def helpers() -> dict[str, Any]:
+        return {"quota_csrf_token": generate_csrf}
+
+    # The dashboard is never limited by the app's own quotas (logins are, see auth.py).
+    for rule, view, methods in ROUTES:
+        bp.add_url_rule(rule, view_func=exempt(view), methods=methods)
+    return bp
+
+
+def _app() -> Flask:
+    app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
+    return app
+
+
+def overview_page() -> str:
+    state = get_state()
+    return render_template(
+        "quota/overview.html", data=data.overview(_app(), state), usage_on=state.usage is not None
+    )
+
+
+def overview_api() -> Response:
+    return jsonify(data.overview(_app(), get_state()))
+
+
+def chart_svg() -> Response:
+    state = get_state()
+    tag = request.args.get("identity", "")
+    if state.usage is None:
+        minutes = []
+    elif tag:
+        if not data.valid_tag(tag):
+            abort(404)
+        minutes = state.usage.sink.identity_minutes(tag, HOUR, data.now_minute())
+    else:
+        minutes = state.usage.sink.minutes(HOUR, data.now_minute())
+    panels = chart.panels(data.series(minutes))
+    svg = render_template(
+        "quota/chart.svg",
+        panels=panels,
+        width=chart.WIDTH,
+        height=chart.height(len(panels)),
+        left=chart.PAD_LEFT,
+        right=chart.PAD_RIGHT,
+        title=f"Requests per minute, last hour{' for ' + data.display_name(tag) if tag else ''}",
+    )
+    return Response(svg, content_type="image/svg+xml")
+
+
+def identity_search() -> Response:
+    raw = request.args.get("q", "").strip()
+    if not raw:
+        return redirect(url_for(".overview_page"))  # type: ignore[return-value]
+    tag = raw if data.valid_tag(raw) else None
+    if tag is None:
+        from flask_quota.identity import client_ip
+        from flask_quota.keys import KeyBuilder
+
+        ip = client_ip(raw)
+        tag = KeyBuilder.ip_tag(ip) if ip != "unknown" else KeyBuilder.identity_tag(raw[:200])
+    return redirect(url_for(".identity_page", tag=tag))  # type: ignore[return-value]
+
+
+def _identity(tag: str) -> dict[str, Any]:
+    if not data.valid_tag(tag):
+        abort(404)
+    state = get_state()
+    plan = data.identity_plan(state, tag)
+    checks = data.identity_checks(_app(), state, tag, plan)
+    buckets = data.buckets(state, checks)
+    return {
+        "tag": tag,
+        "name": data.display_name(tag),
+        "plan": plan.name,
+        "buckets": None if buckets is None else [b.__dict__ for b in buckets],
+    }
+
+
+def identity_page(tag: str) -> str:
+    info = _identity(tag)
+    return render_template("quota/identity.html", info=info)
+
+
+def identity_api(tag: str) -> Response:
+    return jsonify(_identity(tag))
+
+
+def identity_reset(tag: str) -> Response:
+    if not data.valid_tag(tag):
+        abort(404)
+    state = get_state()
+    plan = data.identity_plan(state, tag)
+    checks = data.identity_checks(_app(), state, tag, plan)
+    try:
+        state.storage.clear([c.check.key for c in checks])
+    except StorageError as exc:
+        flash(f"Reset failed: storage unavailable ({exc}).", "error")
+    else:
+        flash(f"Reset {len(checks)} buckets of {data.display_name(tag)}.", "ok")
+    return redirect(url_for(".identity_page", tag=tag))  # type: ignore[return-value]
+
+
+ROUTES: list[tuple[str, Any, list[str]]] = [
+    ("/", overview_page, ["GET"]),
+    ("/api/overview", overview_api, ["GET"]),
+    ("/chart.svg", chart_svg, ["GET"]),
+    ("/identity", identity_search, ["GET"]),
+    ("/identity/<path:tag>", identity_page, ["GET"]),
+    ("/api/identity/<path:tag>", identity_api, ["GET"]),
+    ("/identity/<path:tag>/reset", identity_reset, ["POST"]),
+]

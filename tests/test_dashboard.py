@@ -1,0 +1,241 @@
+"""The dashboard blueprint: closed by default, Basic or callable auth, CSRF, escaping."""
+
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from werkzeug.security import generate_password_hash
+
+from flask_quota import Identity, Quota
+from flask_quota.storage import MemoryStorage
+
+PASSWORD = "correct horse battery staple"
+HASH = generate_password_hash(PASSWORD)
+XSS = "<script>alert(1)</script>"
+
+URLS = ["/quota/", "/quota/api/overview", "/quota/chart.svg", "/quota/identity/ip=127.0.0.1",
+        "/quota/api/identity/ip=127.0.0.1", "/quota/identity?q=1.2.3.4"]  # fmt: skip
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+OPS = basic("ops", PASSWORD)
+
+
+def dashboard_app(tmp_path: Path, **config: Any) -> Flask:
+    app = Flask(__name__, instance_path=str(tmp_path / "instance"))
+    app.secret_key = "test-secret"
+    app.config.update(
+        {
+            "QUOTA_DASHBOARD_URL": "/quota",
+            "QUOTA_PLANS": {"free": {"user": "3/minute", "resources": {"ai": "2/minute"}}},
+            **config,
+        }
+    )
+    quota = Quota(app, storage=MemoryStorage())
+
+    @quota.identity_loader
+    def load() -> Identity | None:
+        from flask import request
+
+        user = request.headers.get("X-User")
+        return Identity(user) if user else None
+
+    @app.post("/infer")
+    @quota.limit(resource="ai")
+    def infer() -> str:
+        return "ok"
+
+    return app
+
+
+def flush(app: Flask) -> None:
+    app.extensions["quota"].usage.flush()
+
+
+@pytest.fixture
+def ops_app(tmp_path: Path) -> Flask:
+    return dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
+
+
+def csrf_from(http: FlaskClient, url: str) -> str:
+    page = http.get(url, headers=OPS).get_data(as_text=True)
+    match = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert match, "the page carries a CSRF token"
+    return match.group(1)
+
+
+def test_closed_without_configuration(tmp_path: Path) -> None:
+    """With no auth configured, every dashboard URL is 401 and shows no usage data."""
+    app = dashboard_app(tmp_path)
+    http = app.test_client()
+    http.post("/infer", headers={"X-User": "secret-customer"})
+    flush(app)
+    for url in URLS:
+        response = http.get(url, headers=OPS)
+        assert response.status_code == 401, url
+        assert b"secret-customer" not in response.data
+    assert http.post("/quota/identity/ip=127.0.0.1/reset").status_code == 401
+
+
+def test_basic_auth_wrong_and_right(ops_app: Flask) -> None:
+    """Basic auth: no or wrong credentials get 401 with a challenge; the right ones get in."""
+    http = ops_app.test_client()
+    assert http.get("/quota/").status_code == 401
+    wrong = http.get("/quota/api/overview", headers=basic("ops", "nope"))
+    assert wrong.status_code == 401 and "Basic" in wrong.headers["WWW-Authenticate"]
+    assert b"allowed" not in wrong.data
+    assert http.get("/quota/api/overview", headers=OPS).status_code == 200
+
+
+def test_login_brute_force_is_limited(ops_app: Flask) -> None:
+    """After 10 failed logins from one IP, even the right password waits (429)."""
+    http = ops_app.test_client()
+    codes = [http.get("/quota/", headers=basic("ops", f"guess{i}")).status_code for i in range(10)]
+    assert codes == [401] * 10
+    blocked = http.get("/quota/", headers=basic("ops", "guess-again"))
+    assert blocked.status_code == 429 and blocked.headers["Retry-After"] == "60"
+    assert http.get("/quota/", headers=OPS).status_code == 429
+    other_ip = http.get("/quota/", headers=OPS, environ_base={"REMOTE_ADDR": "10.9.9.9"})
+    assert other_ip.status_code == 200
+
+
+def test_callable_auth(tmp_path: Path) -> None:
+    """QUOTA_DASHBOARD_AUTH decides with the host's own login; its name is the operator."""
+    app = dashboard_app(tmp_path, QUOTA_DASHBOARD_AUTH=lambda: "alice" if _header("X-Op") else None)
+    http = app.test_client()
+    assert http.get("/quota/").status_code == 401
+    page = http.get("/quota/", headers={"X-Op": "1"})
+    assert page.status_code == 200 and b"alice" in page.data
+
+
+def _header(name: str) -> str | None:
+    from flask import request
+
+    return request.headers.get(name)
+
+
+def test_bad_auth_config_is_refused(tmp_path: Path) -> None:
+    """Plain-text passwords or a non-callable auth fail at start-up with the key's name."""
+    with pytest.raises(ValueError, match="QUOTA_DASHBOARD_USERS"):
+        dashboard_app(tmp_path / "a", QUOTA_DASHBOARD_USERS={"ops": "plaintext"})
+    with pytest.raises(ValueError, match="QUOTA_DASHBOARD_AUTH"):
+        dashboard_app(tmp_path / "b", QUOTA_DASHBOARD_AUTH="yes")
+
+
+def test_needs_a_secret_key(tmp_path: Path) -> None:
+    """Mounting without app.secret_key is refused: CSRF tokens need it."""
+    app = Flask(__name__, instance_path=str(tmp_path / "i"))
+    app.config["QUOTA_DASHBOARD_URL"] = "/quota"
+    with pytest.raises(ValueError, match="secret_key"):
+        Quota(app, storage=MemoryStorage())
+
+
+def test_not_mounted_by_default(tmp_path: Path) -> None:
+    """Without QUOTA_DASHBOARD_URL there is no dashboard."""
+    app = Flask(__name__, instance_path=str(tmp_path / "i"))
+    Quota(app, storage=MemoryStorage())
+    assert app.test_client().get("/quota/").status_code == 404
+    assert "quota_dashboard" not in app.blueprints
+
+
+def test_security_headers(ops_app: Flask) -> None:
+    """A CSP without inline script, no framing, no sniffing, no caching."""
+    response = ops_app.test_client().get("/quota/", headers=OPS)
+    csp = response.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+    assert "frame-ancestors 'none'" in csp
+    assert response.headers["X-Frame-Options"] == "DENY"
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert "<script>" not in response.get_data(as_text=True).replace(
+        '<script src="/quota/static/dashboard.js" defer></script>', ""
+    )
+
+
+def test_request_appears_on_the_overview(ops_app: Flask) -> None:
+    """Usage of the API shows up in the overview JSON, with the top identity."""
+    http = ops_app.test_client()
+    http.post("/infer", headers={"X-User": "ada"})
+    http.post("/infer", headers={"X-User": "ada"})
+    http.post("/infer", headers={"X-User": "ada"})  # endpoint tier (2/minute) denies
+    flush(ops_app)
+    data = http.get("/quota/api/overview", headers=OPS).get_json()
+    assert (data["allowed"], data["denied"]) == (4, 1)  # 2 admitted x (user + ai), 1 denial
+    assert data["tiers"]["ai"] == {"allowed": 2, "denied": 1}
+    top = data["top"][0]
+    assert (top["tag"], top["name"], top["requests"]) == ("id=ada", "ada", 3)
+    assert top["closest"] == {"name": "ai (POST)", "remaining": 0, "limit": 2}
+    assert data["storage"]["backend"] == "memory" and data["storage"]["up"]
+    svg = http.get("/quota/chart.svg", headers=OPS)
+    assert svg.content_type.startswith("image/svg+xml")
+    assert b"allowed 2" in svg.data and b"denied 1" in svg.data
+
+
+def test_dashboard_is_not_rate_limited(ops_app: Flask) -> None:
+    """Dashboard requests neither count against nor get blocked by the app's quotas."""
+    http = ops_app.test_client()
+    for _ in range(3):
+        http.post("/infer")  # spends the anonymous user tier (3/minute)
+    for _ in range(10):
+        response = http.get("/quota/api/overview", headers=OPS)
+        assert response.status_code == 200
+        assert "X-RateLimit-Limit" not in response.headers
+    assert http.get("/quota/static/dashboard.css", headers=OPS).status_code == 200
+
+
+def test_identity_page_reads_buckets_without_consuming(ops_app: Flask) -> None:
+    """The identity page shows remaining per tier, and viewing it charges nothing."""
+    http = ops_app.test_client()
+    http.post("/infer", headers={"X-User": "ada"})
+    for _ in range(3):
+        info = http.get("/quota/api/identity/id=ada", headers=OPS).get_json()
+    buckets = {b["name"]: b["remaining"] for b in info["buckets"]}
+    assert buckets == {"user": 2, "ai (POST)": 1}
+    assert b"ai (POST)" in http.get("/quota/identity/id=ada", headers=OPS).data
+
+
+def test_post_without_csrf_changes_nothing(ops_app: Flask) -> None:
+    """A reset POSTed without a CSRF token is refused and the buckets stay spent."""
+    http = ops_app.test_client()
+    for _ in range(3):
+        http.post("/infer", headers={"X-User": "ada"})
+    refused = http.post("/quota/identity/id=ada/reset", headers=OPS)
+    assert refused.status_code == 400
+    refused = http.post("/quota/identity/id=ada/reset", headers=OPS, data={"csrf_token": "forged"})
+    assert refused.status_code == 400
+    assert http.post("/infer", headers={"X-User": "ada"}).status_code == 429
+    token = csrf_from(http, "/quota/identity/id=ada")
+    done = http.post("/quota/identity/id=ada/reset", headers=OPS, data={"csrf_token": token})
+    assert done.status_code == 302
+    assert http.post("/infer", headers={"X-User": "ada"}).status_code == 200
+
+
+def test_hostile_identity_renders_escaped(ops_app: Flask) -> None:
+    """An identity made of markup is shown as text on every page, never as markup."""
+    http = ops_app.test_client()
+    http.post("/infer", headers={"X-User": XSS})
+    flush(ops_app)
+    overview = http.get("/quota/", headers=OPS).get_data(as_text=True)
+    assert XSS not in overview and "&lt;script&gt;alert(1)&lt;/script&gt;" in overview
+    tag = http.get("/quota/api/overview", headers=OPS).get_json()["top"][0]["tag"]
+    page = http.get(f"/quota/identity/{tag}", headers=OPS, follow_redirects=True)
+    assert page.status_code == 200
+    assert XSS not in page.get_data(as_text=True)
+    svg = http.get("/quota/chart.svg", headers=OPS, query_string={"identity": tag}).data
+    assert XSS.encode() not in svg
+
+
+def test_unknown_identity_tags_are_404(ops_app: Flask) -> None:
+    """Only tags the extension builds are accepted in URLs."""
+    http = ops_app.test_client()
+    assert http.get("/quota/identity/whatever", headers=OPS).status_code == 404
+    assert http.get("/quota/chart.svg?identity=../../x", headers=OPS).status_code == 404
