@@ -64,9 +64,13 @@ def identity_plan(state: QuotaState, tag: str, known: dict[str, str] | None = No
     settings = state.settings
     if tag.startswith("ip="):
         return catalog.resolve(settings.anonymous_plan, None, fallback=settings.default_plan)
-    plans = known if known is not None else _plans_of(state, [tag])
-    name = plans.get(tag, settings.default_plan)
-    return catalog.resolve(name, unquote(tag[3:]), fallback=settings.default_plan)
+    identity_id = unquote(tag[3:])
+    client_plan = getattr(catalog, "client_plan", None)  # the SQL catalog knows its clients
+    name = client_plan(identity_id) if client_plan is not None else None
+    if name is None:
+        plans = known if known is not None else _plans_of(state, [tag])
+        name = plans.get(tag, settings.default_plan)
+    return catalog.resolve(name, identity_id, fallback=settings.default_plan)
 
 
 def _plans_of(state: QuotaState, tags: list[str]) -> dict[str, str]:

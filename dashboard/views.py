@@ -27,6 +27,7 @@ from flask_quota.storage import StorageError
 from flask_quota.usage import HOUR
 
 from . import chart, data
+from .admin_views import ADMIN_ROUTES, admin, client_id_of
 from .auth import Authenticator, auth_from_config
 
 __all__ = ["BLUEPRINT_NAME", "make_blueprint"]
@@ -96,10 +97,10 @@ def make_blueprint() -> Blueprint:
 
     @bp.app_context_processor
     def helpers() -> dict[str, Any]:
-        return {"quota_csrf_token": generate_csrf}
+        return {"quota_csrf_token": generate_csrf, "sql_on": get_state().sql is not None}
 
     # The dashboard is never limited by the app's own quotas (logins are, see auth.py).
-    for rule, view, methods in ROUTES:
+    for rule, view, methods in ROUTES + ADMIN_ROUTES:
         bp.add_url_rule(rule, view_func=exempt(view), methods=methods)
     return bp
 
@@ -165,12 +166,23 @@ def _identity(tag: str) -> dict[str, Any]:
     plan = data.identity_plan(state, tag)
     checks = data.identity_checks(_app(), state, tag, plan)
     buckets = data.buckets(state, checks)
-    return {
+    info: dict[str, Any] = {
         "tag": tag,
         "name": data.display_name(tag),
         "plan": plan.name,
         "buckets": None if buckets is None else [b.__dict__ for b in buckets],
+        "client": None,
     }
+    client_id = client_id_of(tag)
+    if client_id is not None:
+        a = admin()
+        client = next((c for c in a.clients() if str(c.id) == client_id), None)
+        if client is not None:
+            info["client"] = {"id": client.id, "name": client.name}
+            info["name"] = f"{client.name} (client {client.id})"
+            info["plans"] = [p.name for p in a.plans()]
+            info["overrides"] = a.overrides(client_id)
+    return info
 
 
 def identity_page(tag: str) -> str:
@@ -179,7 +191,9 @@ def identity_page(tag: str) -> str:
 
 
 def identity_api(tag: str) -> Response:
-    return jsonify(_identity(tag))
+    info = _identity(tag)
+    info.pop("overrides", None)
+    return jsonify(info)
 
 
 def identity_reset(tag: str) -> Response:
@@ -193,6 +207,8 @@ def identity_reset(tag: str) -> Response:
     except StorageError as exc:
         flash(f"Reset failed: storage unavailable ({exc}).", "error")
     else:
+        if state.sql is not None:
+            admin().record("usage.reset", tag, None, {"keys": len(checks)})
         flash(f"Reset {len(checks)} buckets of {data.display_name(tag)}.", "ok")
     return redirect(url_for(".identity_page", tag=tag))  # type: ignore[return-value]
 

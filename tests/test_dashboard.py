@@ -55,6 +55,10 @@ def dashboard_app(tmp_path: Path, **config: Any) -> Flask:
     def infer() -> str:
         return "ok"
 
+    @app.get("/items")
+    def items() -> str:
+        return "items"
+
     return app
 
 

@@ -1,0 +1,164 @@
+"""Dashboard pages that change quotas: plans, clients, overrides, and the audit log.
+
+Every change goes through ``flask_quota.admin.QuotaAdmin``: validated before
+anything is written, audited with the operator's name, and propagated to all
+workers by the SQL store's version poll. Bad input re-renders the form with
+the message and a 400; nothing is saved.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flask import (
+    Response,
+    abort,
+    current_app,
+    flash,
+    g,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+
+from flask_quota.admin import AdminError, QuotaAdmin, parse_duration
+from flask_quota.extension import get_state
+from flask_quota.tiers import Tier
+
+__all__ = ["ADMIN_ROUTES", "admin", "client_id_of"]
+
+FIELD_MAX = 200
+
+
+def admin() -> QuotaAdmin:
+    state = get_state()
+    if state.sql is None:
+        abort(404)
+    return QuotaAdmin(state.sql, actor=f"dashboard:{g.quota_operator}")
+
+
+def _field(name: str) -> str:
+    return request.form.get(name, "").strip()[:FIELD_MAX]
+
+
+def client_id_of(tag: str) -> str | None:
+    """The SQL client behind an identity tag (``id=<client id>``), if it is one."""
+    if not tag.startswith("id=") or not tag[3:].isdigit():
+        return None
+    state = get_state()
+    client_plan = getattr(state.catalog(), "client_plan", None)
+    return tag[3:] if client_plan is not None and client_plan(tag[3:]) else None
+
+
+def plans_page(error: str | None = None, status: int = 200) -> tuple[str, int]:
+    return render_template(
+        "quota/plans.html", plans=admin().plans(), tiers=[t.value for t in Tier], error=error
+    ), status
+
+
+def plan_limit(plan: str) -> Any:
+    tier, resource, rate = _field("tier"), _field("resource") or None, _field("rate")
+    try:
+        admin().set_plan_limit(plan[:FIELD_MAX], tier, rate, resource=resource)
+    except AdminError as exc:
+        return plans_page(str(exc), 400)
+    flash(f"Plan {plan}: {tier}{' ' + resource if resource else ''} is now {rate}.", "ok")
+    return redirect(url_for(".plans_page"))
+
+
+def clients_page(
+    error: str | None = None, status: int = 200, new_key: str | None = None
+) -> tuple[str, int]:
+    a = admin()
+    return render_template(
+        "quota/clients.html",
+        clients=a.clients(),
+        plans=[p.name for p in a.plans()],
+        error=error,
+        new_key=new_key,
+    ), status
+
+
+def client_create() -> Any:
+    try:
+        info, key = admin().create_client(_field("name"), _field("plan"))
+    except AdminError as exc:
+        return clients_page(str(exc), 400)
+    # The key is shown in this response only (no redirect, no-store): it is never stored.
+    flash(f"Client {info.name} created (id {info.id}).", "ok")
+    return clients_page(new_key=key)
+
+
+def client_revoke(client_id: str) -> Any:
+    try:
+        info = admin().revoke_client(client_id)
+    except AdminError as exc:
+        return clients_page(str(exc), 400)
+    flash(f"Client {info.name} revoked.", "ok")
+    return redirect(url_for(".clients_page"))
+
+
+def client_plan(client_id: str) -> Any:
+    try:
+        info = admin().set_client_plan(client_id, _field("plan"))
+    except AdminError as exc:
+        flash(f"Plan change refused: {exc}", "error")
+        return _redisplay(client_id), 400
+    flash(f"Client {info.name} is now on plan {info.plan}.", "ok")
+    return _back(client_id)
+
+
+def client_override(client_id: str) -> Any:
+    expires = _field("expires")
+    try:
+        a = admin()
+        a.add_override(
+            client_id,
+            _field("tier"),
+            _field("rate"),
+            resource=_field("resource") or None,
+            expires_in=parse_duration(expires) if expires else None,
+        )
+    except AdminError as exc:
+        flash(f"Override refused: {exc}", "error")
+        return _redisplay(client_id), 400
+    flash("Override saved.", "ok")
+    return _back(client_id)
+
+
+def _redisplay(client_id: str) -> Any:
+    """The page the form came from, with the flashed error, answered directly (400)."""
+    if request.form.get("next", "") == "identity":
+        view = current_app.view_functions["quota_dashboard.identity_page"]
+        return view(tag=f"id={client_id}")
+    return clients_page()[0]
+
+
+def _back(client_id: str) -> Response:
+    target = request.form.get("next", "")
+    if target == "identity":
+        return redirect(url_for(".identity_page", tag=f"id={client_id}"))  # type: ignore[return-value]
+    return redirect(url_for(".clients_page"))  # type: ignore[return-value]
+
+
+def audit_page() -> str:
+    entries = admin().audit_log(limit=200)
+    return render_template("quota/audit.html", entries=entries, dumps=_dumps)
+
+
+def _dumps(value: Any) -> str:
+    return "" if value is None else json.dumps(value, sort_keys=True, default=str)
+
+
+ADMIN_ROUTES: list[tuple[str, Any, list[str]]] = [
+    ("/plans", plans_page, ["GET"]),
+    ("/plans/<path:plan>/limit", plan_limit, ["POST"]),
+    ("/clients", clients_page, ["GET"]),
+    ("/clients/new", client_create, ["POST"]),
+    ("/clients/<client_id>/revoke", client_revoke, ["POST"]),
+    ("/clients/<client_id>/plan", client_plan, ["POST"]),
+    ("/clients/<client_id>/override", client_override, ["POST"]),
+    ("/audit", audit_page, ["GET"]),
+]
