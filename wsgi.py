@@ -2,37 +2,41 @@
 
 Every ``QUOTA_*`` setting is read from the environment variable of the same
 name. With nothing set it runs on the embedded defaults: memory storage, the
-seed's free/pro/enterprise plans, no services needed.
+seed's free/pro/enterprise plans in a SQLite file in ``instance/``, no services
+needed. At first start it creates one demo client per plan and prints their API
+keys (only hashes are stored: note them). Manage plans and clients with
+``flask --app wsgi quota ...``; ``flask --app wsgi db upgrade`` applies the
+migrations in ``migrations/``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+import click
 from flask import Flask, jsonify, request
+from flask_migrate import Migrate
+from sqlalchemy.exc import IntegrityError
 
-from flask_quota import Identity, Quota
+from flask_quota import Quota
+from flask_quota.admin import AdminError, QuotaAdmin
 
-PLANS = ("free", "pro", "enterprise")
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     app = Flask(__name__, instance_relative_config=True)
     app.config.update({k: v for k, v in os.environ.items() if k.startswith("QUOTA_")})
     app.config.update(config or {})
-    quota = Quota(app)
-    keys = _demo_keys(Path(app.instance_path))
-
-    @quota.api_key_loader
-    def lookup(key: str) -> Identity | None:
-        plan = keys.get(key)
-        return Identity(f"demo-{plan}", plan) if plan else None
+    quota = Quota(app)  # API keys are looked up in the quota tables
+    Migrate().init_app(app, directory=str(MIGRATIONS))
+    if click.get_current_context(silent=True) is None:
+        # Serving, not `flask db ...`: a migration command must find the database as is.
+        with app.app_context():
+            _demo_clients(app)
 
     @app.get("/")
     def index() -> Any:
@@ -40,6 +44,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
             service="flask-quota demo",
             endpoints=["GET /v1/items", "GET /v1/search?q=", "POST /v1/ai/infer", "GET /healthz"],
             api_key_header=app.config["QUOTA_API_KEY_HEADER"],
+            worker=os.getpid(),  # which gunicorn worker answered
         )
 
     @app.get("/v1/items")
@@ -65,29 +70,30 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     return app
 
 
-def _demo_keys(instance: Path) -> dict[str, str]:
-    """One demo API key per plan, made at first start and kept in the instance folder.
+def _demo_clients(app: Flask) -> None:
+    """One demo client per plan, made at first start; their keys are printed once.
 
-    Several gunicorn workers start at once: the first creates the file
-    exclusively, the others wait for it.
+    Several gunicorn workers start at once: a client name is unique, so a worker
+    that loses the race to create one simply skips it.
     """
-    instance.mkdir(parents=True, exist_ok=True)
-    path = instance / "demo_api_keys.json"
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        for _ in range(50):
-            try:
-                return dict(json.loads(path.read_text()))
-            except (json.JSONDecodeError, OSError):
-                time.sleep(0.1)
-        raise
-    keys = {f"demo_{plan}_{secrets.token_urlsafe(18)}": plan for plan in PLANS}
-    with os.fdopen(fd, "w") as file:
-        json.dump(keys, file)
-    lines = "\n".join(f"  {plan:<10} {key}" for key, plan in keys.items())
-    print(f"flask-quota demo API keys (send as X-API-Key; see {path}):\n{lines}", file=sys.stderr)
-    return keys
+    store = app.extensions["quota"].sql
+    admin = QuotaAdmin(store, actor="wsgi demo")
+    existing = {client.name for client in admin.clients()}
+    made = []
+    for plan in admin.plans():
+        name = f"demo-{plan.name}"
+        if name in existing:
+            continue
+        try:
+            info, key = admin.create_client(name, plan.name)
+        except (AdminError, IntegrityError):
+            continue  # another worker made it
+        made.append(f"  {info.plan:<12} client {info.id:<3} {key}")
+    if made:
+        lines = "\n".join(made)
+        print(
+            f"flask-quota demo API keys (send as X-API-Key; shown once):\n{lines}", file=sys.stderr
+        )
 
 
 app = create_app()

@@ -9,7 +9,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from flask import Flask, Response, current_app, g, request
 
@@ -23,10 +23,14 @@ from .plans import PlanCatalog
 from .policy import Decision, LimitSpec, Policy
 from .rates import Rate, parse_rate
 from .settings import DEFAULTS, Settings
+from .sql_store import SqlStore
 from .storage import Storage, storage_from_url
 from .usage import UsageRecorder, usage_sink
 
-__all__ = ["Quota", "QuotaState", "get_state"]
+if TYPE_CHECKING:
+    from flask_sqlalchemy import SQLAlchemy
+
+__all__ = ["Quota", "QuotaState", "get_state", "limited_endpoints"]
 
 log = logging.getLogger("flask_quota")
 
@@ -48,6 +52,7 @@ class QuotaState:
     policy: Policy
     catalog: Callable[[], PlanCatalog]  # swapped for a SQL-backed source by the SQL layer
     usage: UsageRecorder | None = None  # per-minute counts for the dashboard, when mounted
+    sql: SqlStore | None = None  # plans, clients and overrides in SQL; set by init_app
 
 
 def get_state(app: Flask | None = None) -> QuotaState:
@@ -60,6 +65,19 @@ def get_state(app: Flask | None = None) -> QuotaState:
             "Quota(app) or quota.init_app(app)?"
         ) from None
     return state
+
+
+def limited_endpoints(app: Flask) -> list[tuple[str, str, LimitSpec]]:
+    """(method, resource, spec) for every route with ``@quota.limit``: the endpoint
+    buckets an identity can have, for usage views and resets."""
+    found: dict[tuple[str, str], LimitSpec] = {}
+    for rule in app.url_map.iter_rules():
+        spec = getattr(app.view_functions.get(rule.endpoint), _LIMIT_ATTR, None)
+        if spec is None:
+            continue
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            found.setdefault((method, spec.resource or rule.endpoint), spec)
+    return [(method, resource, spec) for (method, resource), spec in sorted(found.items())]
 
 
 def _gunicorn_workers() -> int | None:
@@ -83,11 +101,19 @@ class Quota:
     """Rate limiting for a Flask app: ``Quota(app)`` or ``Quota()`` + ``init_app(app)``.
 
     ``storage`` replaces the backend built from ``QUOTA_STORAGE_URL`` (tests use it
-    to inject a clock).
+    to inject a clock). ``db``, the app's Flask-SQLAlchemy, keeps the quota tables
+    in the app's database; without it they live at ``QUOTA_DATABASE_URL``.
     """
 
-    def __init__(self, app: Flask | None = None, *, storage: Storage | None = None) -> None:
+    def __init__(
+        self,
+        app: Flask | None = None,
+        *,
+        storage: Storage | None = None,
+        db: SQLAlchemy | None = None,
+    ) -> None:
         self._storage = storage
+        self._db = db
         self._identity_loader: Callable[[], Identity | None] | None = None
         self._api_key_loader: Callable[[str], Identity | None] | None = None
         if app is not None:
@@ -105,7 +131,9 @@ class Quota:
         if storage is None:
             storage = storage_from_url(settings.storage_url, timeout=settings.storage_timeout)
         breaker = CircuitBreaker(storage.name, cooldown=settings.breaker_cooldown)
-        plans = settings.plans
+        # Plans, API keys and overrides come from SQL: the host's `db`, or our own
+        # engine for QUOTA_DATABASE_URL (a SQLite file in the instance folder by default).
+        sql = SqlStore(settings, db=self._db, instance_path=app.instance_path)
         usage = None
         if settings.dashboard_url is not None:
             usage = UsageRecorder(usage_sink(storage, settings.key_prefix))
@@ -115,11 +143,17 @@ class Quota:
             storage=storage,
             guard=GuardedStorage(storage, settings.fail_mode, breaker),
             policy=Policy(KeyBuilder(settings.key_prefix), settings.algorithm),
-            catalog=lambda: plans,
+            catalog=sql.catalog,
             usage=usage,
+            sql=sql,
         )
         app.before_request(self._before_request)
         app.after_request(self._after_request)
+        if self._api_key_loader is None:
+            self._api_key_loader = _sql_api_key  # a loader registered later replaces it
+        from .cli import quota_cli  # cli.py imports this module
+
+        app.cli.add_command(quota_cli)
         workers = _gunicorn_workers()
         if storage.name == "memory" and workers != 1 and "gunicorn" in sys.modules:
             log.warning(
@@ -273,3 +307,9 @@ class Quota:
             if state.usage is not None:
                 state.usage.record(g._quota_who, decision.plan, decision.usage_outcomes())
         return response
+
+
+def _sql_api_key(key: str) -> Identity | None:
+    """The default API-key loader: the live SQL client with this key (from the snapshot)."""
+    sql = get_state().sql
+    return sql.identify(key) if sql is not None else None

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
 from .algorithms import Algorithm
 from .plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
 
@@ -45,7 +48,12 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_UPGRADE_URL": "/pricing",
     "QUOTA_REJECT_UNKNOWN_KEYS": False,
     "QUOTA_BREAKER_COOLDOWN": 1.0,
+    "QUOTA_DATABASE_URL": None,  # None: SQLite file in the instance folder (or Quota(db=))
+    "QUOTA_SYNC_INTERVAL": 0.5,  # seconds between checks for plan/client changes in SQL
 }
+
+# A change must reach every worker within 2 s: poll interval + reload time.
+_MAX_SYNC_INTERVAL = 1.5
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -68,6 +76,8 @@ class Settings:
     upgrade_url: str
     reject_unknown_keys: bool
     breaker_cooldown: float
+    database_url: str | None
+    sync_interval: float
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -100,10 +110,17 @@ class Settings:
             upgrade_url=upgrade_url,
             reject_unknown_keys=_flag(get, "QUOTA_REJECT_UNKNOWN_KEYS"),
             breaker_cooldown=_positive(get, "QUOTA_BREAKER_COOLDOWN"),
+            database_url=_database_url(get, "QUOTA_DATABASE_URL"),
+            sync_interval=_positive(get, "QUOTA_SYNC_INTERVAL"),
         )
         for key in ("QUOTA_DEFAULT_PLAN", "QUOTA_ANONYMOUS_PLAN"):
             if get[key] not in plans:
                 raise ValueError(f"{key}={get[key]!r} is not a plan; known plans: {list(plans)}")
+        if settings.sync_interval > _MAX_SYNC_INTERVAL:
+            raise ValueError(
+                f"QUOTA_SYNC_INTERVAL={get['QUOTA_SYNC_INTERVAL']!r} is too long: changes must "
+                f"reach every worker within 2 s; use at most {_MAX_SYNC_INTERVAL} seconds"
+            )
         if settings.dashboard_url is not None and not str(settings.dashboard_url).startswith("/"):
             raise ValueError("QUOTA_DASHBOARD_URL must be a path starting with '/', e.g. '/quota'")
         return settings
@@ -144,3 +161,27 @@ def _positive(get: dict[str, Any], key: str) -> float:
     if not number > 0 or number == float("inf") or isinstance(value, bool):
         raise ValueError(f"{key}={value!r} must be a positive number of seconds")
     return number
+
+
+def _database_url(get: dict[str, Any], key: str) -> str | None:
+    """A SQLAlchemy URL whose dialect is installed, or ``None`` for the default.
+
+    Messages never echo the URL's password.
+    """
+    value = get[key]
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    hint = "e.g. sqlite:////var/lib/app/quota.sqlite3 or postgresql+psycopg2://user@host/db"
+    try:
+        url = make_url(str(value).strip())
+    except (ArgumentError, ValueError):
+        raise ValueError(f"{key} is not a SQLAlchemy database URL; {hint}") from None
+    shown = url.render_as_string(hide_password=True)
+    try:
+        url.get_dialect().import_dbapi()  # a missing driver fails here, not at first request
+    except (NoSuchModuleError, ArgumentError, ImportError) as exc:
+        raise ValueError(
+            f"{key}={shown!r} names a database driver that is not installed ({exc}); "
+            f"install it or name an installed one, {hint}"
+        ) from None
+    return str(value).strip()

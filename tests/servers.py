@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -113,7 +114,10 @@ class Gunicorn:
     """``gunicorn wsgi:app`` (or another app) with real worker processes.
 
     The app sees only the ``QUOTA_*`` variables in ``env``, never ones inherited
-    from the test runner, so every server is configured by its test alone.
+    from the test runner, so every server is configured by its test alone. Unless
+    ``env`` names a ``QUOTA_DATABASE_URL``, each server gets SQL tables of its own,
+    seeded from its own ``QUOTA_PLANS`` (a shared instance folder would keep the
+    plans of whichever server seeded it first).
     """
 
     def __init__(
@@ -121,6 +125,10 @@ class Gunicorn:
     ) -> None:
         self.port = free_port()
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("QUOTA_")}
+        self.dbdir: str | None = None
+        if "QUOTA_DATABASE_URL" not in env:
+            self.dbdir = tempfile.mkdtemp(prefix="quota-gunicorn-")
+            env = {**env, "QUOTA_DATABASE_URL": f"sqlite:///{self.dbdir}/quota.sqlite3"}
         full_env = {**inherited, **env, "PYTHONPATH": str(ROOT)}
         self.log = open(Path(env.get("GUNICORN_LOG", os.devnull)), "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
@@ -154,3 +162,5 @@ class Gunicorn:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
+        if self.dbdir is not None:
+            shutil.rmtree(self.dbdir, ignore_errors=True)

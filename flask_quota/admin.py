@@ -1,0 +1,389 @@
+"""Operator changes to plans, clients and overrides: validated, audited, propagated.
+
+The CLI (and the dashboard) call these methods. Each change is one
+transaction that checks its input before writing, records who did what with
+the before and after state in the audit log, and bumps the version every
+process polls (``SqlStore.change``). Bad input raises ``AdminError`` and
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from . import apikeys
+from .models import RESOURCE_RE, AuditEntry, Client, Override, PlanLimit, PlanRecord, utcnow
+from .rates import parse_rate
+from .sql_store import SqlStore
+from .tiers import Tier
+
+__all__ = [
+    "AdminError",
+    "AuditInfo",
+    "ClientInfo",
+    "LimitInfo",
+    "OverrideInfo",
+    "PlanInfo",
+    "QuotaAdmin",
+    "parse_duration",
+]
+
+_DURATION_RE = re.compile(r"(?P<n>[+-]?\d{1,9})\s*(?P<unit>[smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class AdminError(ValueError):
+    """Bad input or an unknown name: a one-line message, nothing changed."""
+
+
+@dataclass(frozen=True)
+class LimitInfo:
+    tier: str
+    resource: str
+    rate: str
+    algorithm: str | None
+    shadow: bool
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    name: str
+    description: str
+    upgrade_hint: str | None
+    limits: tuple[LimitInfo, ...]
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    id: int
+    name: str
+    plan: str
+    key_prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class OverrideInfo:
+    id: int
+    client_id: int
+    tier: str
+    resource: str
+    rate: str
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class AuditInfo:
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    target: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"30m"``, ``"12h"``, ``"7d"``, ``"2w"``: a positive span of time."""
+    match = _DURATION_RE.fullmatch(text.strip().lower())
+    if match is None:
+        raise AdminError(f"malformed duration {text!r}: use e.g. 30m, 12h, 7d or 2w")
+    seconds = int(match.group("n")) * _UNIT_SECONDS[match.group("unit")]
+    if seconds <= 0:
+        raise AdminError(f"duration {text!r} must be positive")
+    return timedelta(seconds=seconds)
+
+
+class QuotaAdmin:
+    """Reads and audited changes of the quota tables, on behalf of ``actor``."""
+
+    def __init__(self, store: SqlStore, *, actor: str) -> None:
+        if not actor.strip():
+            raise AdminError("the actor (who makes the change) must not be empty")
+        self.store = store
+        self.actor = actor.strip()[:200]
+
+    # -- plans --------------------------------------------------------------
+
+    def plans(self) -> list[PlanInfo]:
+        with self.store.session() as session:
+            records = session.scalars(
+                select(PlanRecord).order_by(PlanRecord.position, PlanRecord.id)
+            ).all()
+            return [_plan_info(record) for record in records]
+
+    def set_plan_limit(
+        self, plan: str, tier: str, rate: str, *, resource: str | None = None
+    ) -> PlanInfo:
+        """Set (add or replace) one rate of a plan."""
+        tier_ = _tier(tier)
+        resource_ = _resource(tier_, resource)
+        rate_ = _rate(rate)
+        with self.store.change() as session:
+            record = _plan(session, plan)
+            before = _plan_info(record)
+            limit = next(
+                (x for x in record.limits if (x.tier, x.resource) == (tier_, resource_)), None
+            )
+            if limit is None:
+                record.limits.append(PlanLimit(tier=tier_, resource=resource_, rate=rate_))
+            else:
+                limit.rate = rate_
+            session.flush()
+            after = _plan_info(record)
+            self._audit(session, "plan.limit.set", f"plan:{plan}", asdict(before), asdict(after))
+        return after
+
+    # -- clients ------------------------------------------------------------
+
+    def clients(self) -> list[ClientInfo]:
+        with self.store.session() as session:
+            rows = session.scalars(select(Client).order_by(Client.id)).all()
+            return [_client_info(row) for row in rows]
+
+    def create_client(self, name: str, plan: str) -> tuple[ClientInfo, str]:
+        """A new client and its API key: the key is returned here once and never stored."""
+        name = _client_name(name)
+        with self.store.change() as session:
+            record = _plan(session, plan)
+            if session.scalar(select(Client.id).where(Client.name == name)) is not None:
+                raise AdminError(f"a client named {name!r} exists already")
+            new = apikeys.generate()
+            while session.scalar(select(Client.id).where(Client.key_prefix == new.prefix)):
+                new = apikeys.generate()  # 54 random bits: practically never
+            client = Client(
+                name=name, plan=record, key_prefix=new.prefix, key_salt=new.salt, key_hash=new.hash
+            )
+            session.add(client)
+            session.flush()
+            info = _client_info(client)
+            self._audit(session, "client.create", f"client:{client.id}", None, _client_dict(info))
+        return info, new.key
+
+    def revoke_client(self, client_id: int | str) -> ClientInfo:
+        """Revoke a client's key: from the next poll on it is treated as unknown."""
+        with self.store.change() as session:
+            client = _client(session, client_id)
+            if client.revoked_at is not None:
+                raise AdminError(f"client {client.id} is revoked already")
+            before = _client_dict(_client_info(client))
+            client.revoked_at = utcnow()
+            info = _client_info(client)
+            self._audit(session, "client.revoke", f"client:{client.id}", before, _client_dict(info))
+        return info
+
+    def set_client_plan(self, client_id: int | str, plan: str) -> ClientInfo:
+        with self.store.change() as session:
+            client = _client(session, client_id)
+            before = _client_dict(_client_info(client))
+            client.plan = _plan(session, plan)
+            session.flush()
+            info = _client_info(client)
+            self._audit(
+                session, "client.set_plan", f"client:{client.id}", before, _client_dict(info)
+            )
+        return info
+
+    # -- overrides ----------------------------------------------------------
+
+    def overrides(self, client_id: int | str | None = None) -> list[OverrideInfo]:
+        with self.store.session() as session:
+            query = select(Override).order_by(Override.client_id, Override.id)
+            if client_id is not None:
+                query = query.where(Override.client_id == _client(session, client_id).id)
+            return [_override_info(row) for row in session.scalars(query)]
+
+    def add_override(
+        self,
+        client_id: int | str,
+        tier: str,
+        rate: str,
+        *,
+        resource: str | None = None,
+        expires_in: timedelta | None = None,
+    ) -> OverrideInfo:
+        """Give a client its own rate for a tier (replacing an earlier one for the same tier)."""
+        tier_ = _tier(tier)
+        resource_ = _resource(tier_, resource)
+        rate_ = _rate(rate)
+        if expires_in is not None and expires_in <= timedelta(0):
+            raise AdminError("an override's expiry must be in the future")
+        expires_at = utcnow() + expires_in if expires_in is not None else None
+        with self.store.change() as session:
+            client = _client(session, client_id)
+            row = session.scalar(
+                select(Override).where(
+                    Override.client_id == client.id,
+                    Override.tier == tier_,
+                    Override.resource == resource_,
+                )
+            )
+            before = None if row is None else _override_dict(_override_info(row))
+            if row is None:
+                row = Override(client=client, tier=tier_, resource=resource_, rate=rate_)
+                session.add(row)
+            row.rate, row.expires_at = rate_, expires_at
+            session.flush()
+            info = _override_info(row)
+            after = _override_dict(info)
+            self._audit(session, "override.set", f"client:{client.id}", before, after)
+        return info
+
+    def remove_override(self, override_id: int | str) -> OverrideInfo:
+        with self.store.change() as session:
+            row = session.get(Override, _positive_id(override_id, "override id"))
+            if row is None:
+                raise AdminError(f"no override with id {override_id}")
+            info = _override_info(row)
+            session.delete(row)
+            self._audit(
+                session, "override.remove", f"client:{info.client_id}", _override_dict(info), None
+            )
+        return info
+
+    # -- audit --------------------------------------------------------------
+
+    def audit_log(self, limit: int = 50) -> list[AuditInfo]:
+        """The latest entries, newest first."""
+        with self.store.session() as session:
+            rows = session.scalars(
+                select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
+            ).all()
+            return [
+                AuditInfo(r.id, r.at, r.actor, r.action, r.target, r.before, r.after) for r in rows
+            ]
+
+    def record(
+        self,
+        action: str,
+        target: str,
+        before: dict[str, Any] | None = None,
+        after: dict[str, Any] | None = None,
+    ) -> None:
+        """An audit entry for something outside the tables (e.g. a usage reset)."""
+        with self.store.session() as session, session.begin():
+            self._audit(session, action, target, before, after)
+
+    def _audit(
+        self,
+        session: Session,
+        action: str,
+        target: str,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+    ) -> None:
+        session.add(
+            AuditEntry(
+                actor=self.actor, action=action, target=target[:200], before=before, after=after
+            )
+        )
+
+
+# -- validation and lookups ---------------------------------------------------
+
+
+def _tier(value: str) -> str:
+    try:
+        return Tier(value.strip().lower()).value
+    except ValueError:
+        raise AdminError(f"unknown tier {value!r}: use global, user or endpoint") from None
+
+
+def _resource(tier: str, resource: str | None) -> str:
+    if tier == Tier.ENDPOINT.value:
+        if resource is None:
+            raise AdminError(
+                "the endpoint tier needs --resource NAME, e.g. --resource ai_inference"
+            )
+        if not RESOURCE_RE.fullmatch(resource):
+            raise AdminError(f"resource {resource!r} must be 1-64 characters of A-Z a-z 0-9 _ . -")
+        return resource
+    if resource:
+        raise AdminError(f"the {tier} tier covers every resource; drop --resource")
+    return ""
+
+
+def _rate(text: str) -> str:
+    try:
+        return str(parse_rate(text))
+    except ValueError as exc:
+        raise AdminError(str(exc)) from None
+
+
+def _client_name(name: str) -> str:
+    name = name.strip()
+    if not name or len(name) > 200 or not name.isprintable():
+        raise AdminError("a client name must be 1-200 printable characters")
+    return name
+
+
+def _positive_id(value: int | str, what: str) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise AdminError(f"{what} must be a positive integer, got {value!r}") from None
+    if number <= 0:
+        raise AdminError(f"{what} must be a positive integer, got {value!r}")
+    return number
+
+
+def _plan(session: Session, name: str) -> PlanRecord:
+    record = session.scalar(select(PlanRecord).where(PlanRecord.name == name))
+    if record is None:
+        known = session.scalars(select(PlanRecord.name).order_by(PlanRecord.position)).all()
+        raise AdminError(f"unknown plan {name!r}; known plans: {', '.join(known)}")
+    return record
+
+
+def _client(session: Session, client_id: int | str) -> Client:
+    client = session.get(Client, _positive_id(client_id, "client id"))
+    if client is None:
+        count = session.scalar(select(func.count()).select_from(Client))
+        raise AdminError(f"no client with id {client_id} ({count} clients exist)")
+    return client
+
+
+def _plan_info(record: PlanRecord) -> PlanInfo:
+    limits = sorted(
+        (LimitInfo(x.tier, x.resource, x.rate, x.algorithm, x.shadow) for x in record.limits),
+        key=lambda x: ([t.value for t in Tier].index(x.tier), x.resource),
+    )
+    return PlanInfo(record.name, record.description, record.upgrade_hint, tuple(limits))
+
+
+def _client_info(client: Client) -> ClientInfo:
+    return ClientInfo(
+        client.id,
+        client.name,
+        client.plan.name,
+        client.key_prefix,
+        client.created_at,
+        client.revoked_at,
+    )
+
+
+def _client_dict(info: ClientInfo) -> dict[str, Any]:
+    # JSON-ready; the key hash and salt stay out of the audit log.
+    return {
+        "name": info.name,
+        "plan": info.plan,
+        "key_prefix": info.key_prefix,
+        "revoked_at": info.revoked_at.isoformat() if info.revoked_at else None,
+    }
+
+
+def _override_info(row: Override) -> OverrideInfo:
+    return OverrideInfo(row.id, row.client_id, row.tier, row.resource, row.rate, row.expires_at)
+
+
+def _override_dict(info: OverrideInfo) -> dict[str, Any]:
+    data = asdict(info)
+    data["expires_at"] = info.expires_at.isoformat() if info.expires_at else None
+    return data

@@ -1,0 +1,279 @@
+"""The SQL tables behind plans, clients, overrides and the audit log (``quota_*``).
+
+The models use their own declarative base and ``MetaData`` rather than the
+host's ``db.Model``: an extension cannot know the host's ``db`` at import time.
+``Quota(app, db=db)`` copies these tables into ``db.metadata`` so that
+``db.create_all()`` and ``flask db migrate`` see them. Every constraint has a
+fixed name so that migrations match on SQLite and PostgreSQL alike.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
+
+from .algorithms import Algorithm
+from .rates import parse_rate
+from .tiers import Tier
+
+__all__ = [
+    "SCHEMA_REVISION",
+    "AuditEntry",
+    "Client",
+    "Model",
+    "Override",
+    "PlanLimit",
+    "PlanRecord",
+    "QuotaMeta",
+    "UTCDateTime",
+    "metadata",
+    "utcnow",
+]
+
+# The Alembic revision these models correspond to (migrations/versions/). When the
+# extension creates the tables itself, it records this revision so that a later
+# ``flask db upgrade`` continues from here; tests/test_migrations.py keeps it in step.
+SCHEMA_REVISION = "0001_quota_tables"
+
+# Resource names as ``@quota.limit(resource=...)`` accepts them.
+RESOURCE_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+_TIERS = ", ".join(f"'{tier.value}'" for tier in Tier)
+# Endpoint rows name a resource, global and user rows do not ('' rather than NULL,
+# so that the unique constraints hold on every database).
+_RESOURCE_CHECK = "(tier = 'endpoint' AND resource <> '') OR (tier <> 'endpoint' AND resource = '')"
+_ALGORITHMS = ", ".join(f"'{algorithm.value}'" for algorithm in Algorithm)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("UTCDateTime needs a timezone-aware datetime")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Model(DeclarativeBase):
+    metadata = metadata
+
+
+def _tier(value: str) -> str:
+    try:
+        return Tier(value).value
+    except ValueError:
+        raise ValueError(f"unknown tier {value!r}: use global, user or endpoint") from None
+
+
+def _resource_for(tier: str, resource: str) -> str:
+    """Endpoint rows name a resource; global and user rows use ``''``."""
+    if tier == Tier.ENDPOINT.value:
+        if not RESOURCE_RE.fullmatch(resource):
+            raise ValueError(
+                "the endpoint tier needs --resource: 1-64 characters of A-Z a-z 0-9 _ . -, "
+                f"got {resource!r}"
+            )
+    elif resource:
+        raise ValueError(f"the {tier} tier applies to every resource; drop --resource")
+    return resource
+
+
+class PlanRecord(Model):
+    """A plan: the rates its callers get, in upgrade order (``position``)."""
+
+    __tablename__ = "quota_plans"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    upgrade_hint: Mapped[str | None] = mapped_column(Text)  # None: generated from later plans
+    position: Mapped[int] = mapped_column(Integer, default=0)  # cheapest first
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    limits: Mapped[list[PlanLimit]] = relationship(
+        back_populates="plan", cascade="all, delete-orphan", order_by="PlanLimit.id"
+    )
+
+    @validates("name")
+    def _check_name(self, key: str, value: str) -> str:
+        if not value or len(value) > 64 or not value.isprintable() or value != value.strip():
+            raise ValueError(f"plan name {value!r} must be 1-64 printable characters")
+        return value
+
+
+class PlanLimit(Model):
+    """One rate of a plan: a tier (``endpoint`` rows name their resource)."""
+
+    __tablename__ = "quota_plan_limits"
+    __table_args__ = (
+        UniqueConstraint("plan_id", "tier", "resource"),
+        CheckConstraint(f"tier IN ({_TIERS})", name="tier"),
+        CheckConstraint(_RESOURCE_CHECK, name="resource"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    plan_id: Mapped[int] = mapped_column(ForeignKey("quota_plans.id", ondelete="CASCADE"))
+    tier: Mapped[str] = mapped_column(String(16))
+    resource: Mapped[str] = mapped_column(String(64), default="")  # '' for global and user
+    rate: Mapped[str] = mapped_column(String(100))  # canonical text, e.g. "100/minute"
+    algorithm: Mapped[str | None] = mapped_column(String(32))  # None: QUOTA_ALGORITHM
+    shadow: Mapped[bool] = mapped_column(Boolean, default=False)  # reserved: log, don't deny
+
+    plan: Mapped[PlanRecord] = relationship(back_populates="limits")
+
+    @validates("tier")
+    def _check_tier(self, key: str, value: str) -> str:
+        tier = _tier(value)
+        if self.resource is not None:
+            _resource_for(tier, self.resource)
+        return tier
+
+    @validates("rate")
+    def _check_rate(self, key: str, value: str) -> str:
+        return str(parse_rate(value))
+
+    @validates("algorithm")
+    def _check_algorithm(self, key: str, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return Algorithm(value).value
+        except ValueError:
+            raise ValueError(f"unknown algorithm {value!r}: use one of {_ALGORITHMS}") from None
+
+    @validates("resource")
+    def _check_resource(self, key: str, value: str) -> str:
+        return _resource_for(self.tier, value) if self.tier is not None else value
+
+
+class Client(Model):
+    """An API client. Only a salted hash of its key is stored, plus a display prefix."""
+
+    __tablename__ = "quota_clients"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    plan_id: Mapped[int] = mapped_column(ForeignKey("quota_plans.id"))
+    key_prefix: Mapped[str] = mapped_column(String(16), unique=True)
+    key_salt: Mapped[str] = mapped_column(String(64))
+    key_hash: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    plan: Mapped[PlanRecord] = relationship()
+    overrides: Mapped[list[Override]] = relationship(
+        back_populates="client", cascade="all, delete-orphan", order_by="Override.id"
+    )
+
+    @validates("name")
+    def _check_name(self, key: str, value: str) -> str:
+        if not value.strip() or len(value) > 200 or not value.isprintable():
+            raise ValueError("client name must be 1-200 printable characters")
+        return value.strip()
+
+
+class Override(Model):
+    """A client's own rate for one tier (and resource), until ``expires_at`` if set."""
+
+    __tablename__ = "quota_overrides"
+    __table_args__ = (
+        UniqueConstraint("client_id", "tier", "resource"),
+        CheckConstraint(f"tier IN ({_TIERS})", name="tier"),
+        CheckConstraint(_RESOURCE_CHECK, name="resource"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    client_id: Mapped[int] = mapped_column(ForeignKey("quota_clients.id", ondelete="CASCADE"))
+    tier: Mapped[str] = mapped_column(String(16))
+    resource: Mapped[str] = mapped_column(String(64), default="")  # '' for global and user
+    rate: Mapped[str] = mapped_column(String(100))
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    client: Mapped[Client] = relationship(back_populates="overrides")
+
+    @validates("tier")
+    def _check_tier(self, key: str, value: str) -> str:
+        tier = _tier(value)
+        if self.resource is not None:
+            _resource_for(tier, self.resource)
+        return tier
+
+    @validates("rate")
+    def _check_rate(self, key: str, value: str) -> str:
+        return str(parse_rate(value))
+
+    @validates("resource")
+    def _check_resource(self, key: str, value: str) -> str:
+        return _resource_for(self.tier, value) if self.tier is not None else value
+
+
+class AuditEntry(Model):
+    """Who changed what, when: the row's state before and after, as JSON."""
+
+    __tablename__ = "quota_audit_log"
+    __table_args__ = (Index(None, "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    actor: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(64))  # e.g. "plan.limit.set"
+    target: Mapped[str] = mapped_column(String(200))  # e.g. "plan:free", "client:7"
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class QuotaMeta(Model):
+    """One row whose ``version`` every change bumps in its own transaction.
+
+    Each process polls this single value and reloads its snapshot when it moved:
+    that is how a change reaches every worker without a query per request.
+    """
+
+    __tablename__ = "quota_meta"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(BigInteger, default=1)

@@ -1,0 +1,81 @@
+"""Alembic environment for flask-quota's ``quota_*`` tables (``flask db ...``).
+
+The database is the one the app's quota extension uses: the host's
+Flask-SQLAlchemy ``db`` given as ``Quota(app, db=db)``, or ``QUOTA_DATABASE_URL``
+(default: a SQLite file in the instance folder). The revision is kept in
+``quota_alembic_version`` and only ``quota_*`` tables are compared, so these
+migrations live beside a host's own without touching them.
+"""
+
+from __future__ import annotations
+
+import logging
+from logging.config import fileConfig
+from typing import Any
+
+from alembic import context
+from flask import current_app
+
+from flask_quota.extension import get_state
+from flask_quota.models import metadata
+from flask_quota.sql_store import VERSION_TABLE
+
+config = context.config
+if config.config_file_name is not None:
+    fileConfig(config.config_file_name)
+logger = logging.getLogger("alembic.env")
+
+
+def _engine() -> Any:
+    sql = get_state(current_app).sql
+    if sql is None:
+        raise RuntimeError("flask-quota has no SQL store on this app")
+    return sql.engine
+
+
+def _ours(name: str | None, type_: str, parent_names: Any) -> bool:
+    # A shared database holds the host's tables too: compare only ours.
+    return type_ != "table" or (name or "").startswith("quota_")
+
+
+def _options() -> dict[str, Any]:
+    migrate = current_app.extensions.get("migrate")
+    options = dict(getattr(migrate, "configure_args", {}) or {})
+    options.update(
+        target_metadata=metadata,
+        version_table=VERSION_TABLE,
+        include_name=_ours,
+        compare_type=True,
+    )
+    return options
+
+
+def run_migrations_offline() -> None:
+    context.configure(
+        url=_engine().url.render_as_string(hide_password=False),
+        literal_binds=True,
+        **_options(),
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    def skip_empty(context_: Any, revision: Any, directives: Any) -> None:
+        # `flask db migrate` with no model change writes no empty revision.
+        if getattr(config.cmd_opts, "autogenerate", False) and directives[0].upgrade_ops.is_empty():
+            directives[:] = []
+            logger.info("No changes in schema detected.")
+
+    options = _options()
+    options.setdefault("process_revision_directives", skip_empty)
+    with _engine().connect() as connection:
+        context.configure(connection=connection, **options)
+        with context.begin_transaction():
+            context.run_migrations()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

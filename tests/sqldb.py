@@ -1,0 +1,62 @@
+"""Real SQL databases for tests: a SQLite file always, PostgreSQL when configured.
+
+Set ``QUOTA_TEST_DATABASE_URL`` (e.g. ``postgresql://postgres@127.0.0.1:5432/test``)
+to run the SQL tests on PostgreSQL too. Each test gets a database of its own,
+created next to the one named and dropped afterwards, so nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import URL, make_url
+
+__all__ = ["DATABASES", "POSTGRES_URL", "database", "postgres_database"]
+
+DATABASES = ["sqlite", "postgresql"]
+
+POSTGRES_URL = os.environ.get("QUOTA_TEST_DATABASE_URL") or None
+
+
+def _admin_url() -> URL:
+    assert POSTGRES_URL is not None
+    url = make_url(POSTGRES_URL)
+    if url.drivername == "postgresql" and importlib.util.find_spec("psycopg") is None:
+        # SQLAlchemy 2.1 means psycopg (3) by a bare postgresql://; we ship psycopg2.
+        url = url.set(drivername="postgresql+psycopg2")
+    return url
+
+
+def postgres_database() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database; dropped (with its connections) afterwards."""
+    if POSTGRES_URL is None:
+        pytest.skip("!!! QUOTA_TEST_DATABASE_URL not set: PostgreSQL variant SKIPPED")
+    admin_url = _admin_url()
+    name = f"quota_test_{os.getpid()}_{secrets.token_hex(4)}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
+def database(kind: str, tmp_path: Path) -> Iterator[str]:
+    """The URL of a fresh database of ``kind`` (one of ``DATABASES``), for a fixture:
+
+    @pytest.fixture(params=DATABASES)
+    def database_url(request, tmp_path): yield from database(request.param, tmp_path)
+    """
+    if kind == "sqlite":
+        yield f"sqlite:///{tmp_path / 'quota.sqlite3'}"
+    else:
+        yield from postgres_database()

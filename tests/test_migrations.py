@@ -1,0 +1,129 @@
+"""``migrations/``: `flask db upgrade` builds the schema the models describe, on SQLite
+and PostgreSQL, `downgrade base` removes it, and both agree with the models."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from flask import Flask
+from flask_migrate import Migrate, upgrade
+from sqlalchemy import create_engine, inspect, text
+
+from flask_quota import Quota
+from flask_quota.models import SCHEMA_REVISION, metadata
+from flask_quota.sql_store import VERSION_TABLE
+from tests.servers import ROOT
+from tests.sqldb import DATABASES, database
+
+
+@pytest.fixture(params=DATABASES)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The same test on a SQLite file and on a fresh PostgreSQL database."""
+    yield from database(request.param, tmp_path)
+
+
+MIGRATIONS = ROOT / "migrations"
+
+
+def flask_db(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`flask --app wsgi db ...` against ``url``, as an operator would run it."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("QUOTA_")},
+        "QUOTA_DATABASE_URL": url,
+        "PYTHONPATH": str(ROOT),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "wsgi", "db", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def quota_tables(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        return {t for t in inspect(engine).get_table_names() if t.startswith("quota_")}
+    finally:
+        engine.dispose()
+
+
+def differences(url: str) -> list[Any]:
+    """What autogenerate would change to make the database match the models."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(
+                conn,
+                opts={
+                    "compare_type": True,
+                    "version_table": VERSION_TABLE,
+                    "include_name": lambda name, type_, _: (
+                        type_ != "table" or name.startswith("quota_")
+                    ),
+                },
+            )
+            return list(compare_metadata(context, metadata))
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_downgrade_upgrade_from_nothing(database_url: str) -> None:
+    """`flask db upgrade` on an empty database builds the schema; `downgrade base` drops it."""
+    assert quota_tables(database_url) == set()
+    flask_db(database_url, "upgrade")
+    assert quota_tables(database_url) == set(metadata.tables) | {VERSION_TABLE}
+    assert differences(database_url) == []
+    assert SCHEMA_REVISION in flask_db(database_url, "current").stdout
+    flask_db(database_url, "downgrade", "base")
+    assert quota_tables(database_url) == {VERSION_TABLE}  # Alembic's own, now empty
+    flask_db(database_url, "upgrade")
+    assert quota_tables(database_url) == set(metadata.tables) | {VERSION_TABLE}
+    assert differences(database_url) == []
+
+
+def test_models_and_the_migration_head_agree(database_url: str) -> None:
+    """The newest revision is models.SCHEMA_REVISION, and it leaves nothing to autogenerate."""
+    config = Config(str(MIGRATIONS / "alembic.ini"))
+    config.set_main_option("script_location", str(MIGRATIONS))
+    script = ScriptDirectory.from_config(config)
+    assert script.get_heads() == [SCHEMA_REVISION]
+    flask_db(database_url, "upgrade")
+    assert differences(database_url) == []
+    check = flask_db(database_url, "check")  # Flask-Migrate's own comparison, through env.py
+    assert "No new upgrade operations detected" in check.stdout + check.stderr
+
+
+def test_tables_the_extension_made_are_stamped_at_head(tmp_path: Path, database_url: str) -> None:
+    """Tables created on first use record the head revision, so `db upgrade` is a no-op."""
+    app = Flask(__name__, instance_path=str(tmp_path))
+    app.config["QUOTA_DATABASE_URL"] = database_url
+    Quota(app)
+    Migrate().init_app(app, directory=str(MIGRATIONS))
+    sql = app.extensions["quota"].sql
+    try:
+        sql.ensure_ready()
+        engine = create_engine(database_url)
+        with engine.connect() as conn:
+            stamped = conn.scalar(text(f"SELECT version_num FROM {VERSION_TABLE}"))
+        engine.dispose()
+        assert stamped == SCHEMA_REVISION
+        with app.app_context():
+            upgrade(directory=str(MIGRATIONS))  # nothing to do, and no "table exists" error
+        assert differences(database_url) == []
+    finally:
+        sql.close()
