@@ -26,12 +26,16 @@ def storage_from_url(url: str, *, timeout: float) -> Storage:
         from .redis import RedisStorage  # redis-py is only imported when used
 
         return RedisStorage.from_url(url, timeout=timeout)
-    if scheme in ("redis+sentinel", "redis+cluster"):
-        raise ValueError(
-            f"QUOTA_STORAGE_URL scheme {scheme!r} is not supported yet; "
-            "use memory://, redis://, rediss:// or unix://"
-        )
+    if scheme == "redis+sentinel":
+        from .sentinel import SentinelStorage
+
+        return SentinelStorage.from_url(url, timeout=timeout)
+    if scheme == "redis+cluster":
+        from .cluster import ClusterStorage
+
+        return ClusterStorage.from_url(url, timeout=timeout)
     raise ValueError(
         f"QUOTA_STORAGE_URL {url!r} has an unknown scheme: use memory://, redis://host:6379/0, "
-        "rediss://host:6380/0 or unix:///path/to/redis.sock"
+        "rediss://host:6380/0, unix:///path/to/redis.sock, "
+        "redis+sentinel://host:26379/service_name or redis+cluster://host:6379"
     )

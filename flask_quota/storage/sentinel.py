@@ -1,0 +1,82 @@
+"""Redis behind Sentinel: the single-node backend, pointed at whichever node is master."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+from .base import Clock
+from .redis import RedisStorage
+
+__all__ = ["SentinelStorage", "parse_sentinel_url"]
+
+_FORM = (
+    "redis+sentinel://[[user]:password@]host:26379[,host:26380...]/service_name[/db]"
+    "[?sentinel_password=...]"
+)
+
+
+class SentinelStorage(RedisStorage):
+    """``RedisStorage`` whose connections ask the sentinels where the master is.
+
+    After a failover, a connection to the old master fails (or answers READONLY
+    once it is demoted); redis-py drops it and the next connection goes to the
+    master the sentinels name. Until then the fail mode applies, and the circuit
+    breaker's probe finds the new master. Counters replicate asynchronously, so
+    charges not yet on the replica when the master died are lost in the switch.
+    """
+
+    name = "redis+sentinel"
+
+    @classmethod
+    def from_url(cls, url: str, *, timeout: float, clock: Clock | None = None) -> SentinelStorage:
+        sentinels, service, options, sentinel_options = parse_sentinel_url(url)
+        timeouts = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+        manager = Sentinel(  # type: ignore[no-untyped-call]
+            sentinels, sentinel_kwargs={**timeouts, **sentinel_options}
+        )
+        client = manager.master_for(  # type: ignore[no-untyped-call]
+            service,
+            # No retries: the circuit breaker decides when to try again.
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+            **timeouts,
+            **options,
+        )
+        return cls(client, clock=clock)
+
+
+def parse_sentinel_url(
+    url: str,
+) -> tuple[list[tuple[str, int]], str, dict[str, Any], dict[str, Any]]:
+    """``(sentinel addresses, service name, master options, sentinel options)``."""
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    sentinels = []
+    for address in filter(None, hosts.split(",")):
+        host, _, port = address.rpartition(":")
+        if not port:
+            host, port = address, "26379"
+        if not host or not port.isdigit():
+            raise ValueError(f"QUOTA_STORAGE_URL {url!r}: {address!r} is not host:port; {_FORM}")
+        sentinels.append((host.strip("[]"), int(port)))
+    path = [unquote(p) for p in parts.path.split("/") if p]
+    if not sentinels or not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError(f"QUOTA_STORAGE_URL {url!r} is not a Sentinel URL; use {_FORM}")
+    username, _, password = userinfo.partition(":")
+    options: dict[str, Any] = {
+        "username": unquote(username) or None,
+        "password": unquote(password) or None,
+        "db": int(path[1]) if len(path) == 2 else 0,
+    }
+    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    sentinel_options = {
+        key: query[f"sentinel_{key}"]
+        for key in ("username", "password")
+        if query.get(f"sentinel_{key}")
+    }
+    return sentinels, path[0], options, sentinel_options

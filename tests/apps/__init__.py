@@ -1,0 +1,1 @@
+"""Small Flask apps that tests serve with gunicorn."""

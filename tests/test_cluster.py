@@ -1,0 +1,375 @@
+"""Redis Cluster: tiers in two slots, one call per slot, all-or-nothing by refund, failover.
+
+Everything runs against a real six-node cluster (three masters, three replicas)
+started once for this module; the load tests serve ``tests.apps.many`` with
+four gunicorn workers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from flask import Flask, request
+from hypothesis import given
+from hypothesis import strategies as st
+from redis.crc import key_slot
+
+from flask_quota import Identity, Quota
+from flask_quota.algorithms import Algorithm
+from flask_quota.keys import KeyBuilder
+from flask_quota.rates import parse_rate
+from flask_quota.storage import Check
+from flask_quota.storage.cluster import ClusterStorage, slot_groups
+from flask_quota.testing import FrozenClock
+from tests.cluster import REDIS_CLI, Cluster, command
+from tests.conftest import _need_redis
+from tests.load import hammer, serve_many
+from tests.servers import RedisServer
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+WEEK = "7 days"  # long windows: nothing refills while a test runs
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    _need_redis()
+    if REDIS_CLI is None:
+        pytest.skip("redis-cli not installed")
+    nodes = Cluster(tmp_path_factory.mktemp("cluster"))
+    yield nodes
+    nodes.stop()
+
+
+@pytest.fixture
+def flushed(cluster: Cluster) -> Cluster:
+    cluster.wait_healthy()
+    client = cluster.client()
+    try:
+        client.flushall(target_nodes=redis.RedisCluster.PRIMARIES)
+    finally:
+        client.close()
+    return cluster
+
+
+def master_calls(cluster: Cluster, command: str = "evalsha") -> int:
+    """How often every live master has run ``command`` so far."""
+    total = 0
+    for node in cluster.nodes:
+        if node.proc is None or cluster.info(node, "replication")["role"] != "master":
+            continue
+        stats = cluster.info(node, "commandstats").get(f"cmdstat_{command}", {})
+        total += int(stats.get("calls", 0))
+    return total
+
+
+def server_slot(cluster: Cluster, key: str) -> int:
+    client = cluster.nodes[0].client()
+    try:
+        return int(command(client, "CLUSTER", "KEYSLOT", key))
+    finally:
+        client.close()
+
+
+def cluster_app(app: Flask, cluster: Cluster, **config: Any) -> Flask:
+    app.config.update(
+        QUOTA_STORAGE_URL=cluster.url,
+        QUOTA_STORAGE_TIMEOUT=0.5,
+        QUOTA_DATABASE_URL=f"sqlite:///{app.instance_path}/quota.sqlite3",
+        QUOTA_PLANS={
+            "free": {
+                "global": f"1000/{WEEK}",
+                "user": f"100/{WEEK}",
+                "resources": {"work": f"5/{WEEK}"},
+            }
+        },
+        QUOTA_DENY_CACHE=False,
+        **config,
+    )
+    quota = Quota(app)
+
+    @quota.identity_loader
+    def from_header() -> Identity | None:
+        client = request.headers.get("X-Client")
+        return Identity(client) if client else None
+
+    @app.get("/work")
+    @quota.limit(resource="work")
+    def work() -> str:
+        return "done"
+
+    return app
+
+
+# -- slots ------------------------------------------------------------------------
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_client_input_cannot_choose_the_slot(identity: str) -> None:
+    """Whatever an identity contains, its keys hash on the whole escaped identity."""
+    keys = KeyBuilder("quota")
+    tag = keys.identity_tag(identity)
+    for key in (
+        keys.user_key(tag, Algorithm.TOKEN_BUCKET),
+        keys.endpoint_key(tag, "GET", "work", Algorithm.FIXED_WINDOW),
+    ):
+        assert key.count("{") == 1 and key.count("}") == 1, key
+        assert key_slot(key.encode()) == key_slot(tag.encode())
+
+
+def test_hostile_identities_land_where_their_escaped_tag_says(flushed: Cluster, app: Flask) -> None:
+    """On the real cluster, braces in an identity never select another caller's slot."""
+    client = cluster_app(app, flushed).test_client()
+    hostile = ["{victim}", "}{victim}", "x{victim}y", "{}{victim}", "victim}", "{victim"]
+    victim_slot = server_slot(flushed, "{victim}")
+    for identity in hostile:
+        assert client.get("/work", headers={"X-Client": identity}).status_code == 200
+    written = flushed.client()
+    try:
+        keys = [_text(k) for k in written.keys("quota:{id=*", target_nodes="primaries")]
+    finally:
+        written.close()
+    assert len(keys) == 2 * len(hostile)  # user + endpoint tier of each caller
+    for key in keys:
+        tag = key.split("{", 1)[1].split("}", 1)[0]
+        assert server_slot(flushed, key) == key_slot(tag.encode())
+        assert server_slot(flushed, key) != victim_slot, key
+
+
+# -- one call per slot, all-or-nothing --------------------------------------------
+
+
+def test_each_slot_costs_one_script_call(flushed: Cluster, app: Flask) -> None:
+    """An identified caller's tiers span two slots: two EVALSHA, sent together; an
+    anonymous caller's tiers share one slot: one EVALSHA."""
+    client = cluster_app(app, flushed).test_client()
+    client.get("/work", headers={"X-Client": "warm"})  # slot map and scripts loaded
+    assert len(slot_groups(_checks_for(app, "alice"))) == 2
+
+    before = master_calls(flushed)
+    assert client.get("/work", headers={"X-Client": "alice"}).status_code == 200
+    assert master_calls(flushed) - before == 2
+
+    before = master_calls(flushed)
+    assert client.get("/work").status_code == 200
+    assert master_calls(flushed) - before == 1
+
+
+def _checks_for(app: Flask, identity: str) -> list[Check]:
+    from flask_quota.extension import get_state
+
+    state = get_state(app)
+    plan = state.settings.plans["free"]
+    tag = KeyBuilder.identity_tag(identity)
+    return [
+        c.check
+        for c in state.policy.checks(
+            plan,
+            ip_tag=KeyBuilder.ip_tag("127.0.0.1"),
+            identity_tag=tag,
+            method="GET",
+            spec=None,
+            resource=None,
+            cost=1,
+        )
+    ]
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+@pytest.mark.parametrize("denier_first", [False, True])
+def test_a_denied_request_is_charged_nowhere(
+    flushed: Cluster, algorithm: Algorithm, denier_first: bool
+) -> None:
+    """When the user slot denies, the global slot's charge is refunded to the byte."""
+    clock = FrozenClock(1_700_000_000.0)
+    storage = ClusterStorage.from_url(flushed.url, timeout=2, clock=clock)
+    glob = Check(f"quota:{{ip=10.0.0.1}}:g:{algorithm.code}", algorithm, parse_rate("50/hour"), 1)
+    user = Check(f"quota:{{id=bob}}:u:{algorithm.code}", algorithm, parse_rate("2/hour"), 1)
+    assert len(slot_groups([glob, user])) == 2
+    checks = [user, glob] if denier_first else [glob, user]
+    try:
+        for _ in range(2):
+            clock.advance(1)
+            assert storage.decide(checks).allowed
+        clock.advance(1)
+        before = _raw(flushed, glob.key)
+        verdict = storage.decide(checks)
+        assert not verdict.allowed
+        assert verdict.outcomes[checks.index(glob)].allowed  # global allowed, then refunded
+        assert _raw(flushed, glob.key) == before
+        assert storage.refund_failures == 0
+    finally:
+        storage.close()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _raw(cluster: Cluster, key: str) -> Any:
+    client = cluster.client()
+    try:
+        if client.type(key) == b"list":
+            return client.lrange(key, 0, -1)
+        return client.get(key)
+    finally:
+        client.close()
+
+
+# -- exact under load: four gunicorn workers, 32 clients ---------------------------
+
+
+def wait_for_window(window: int) -> None:
+    """Fixed windows are epoch-aligned: do not start a test in a window's last minute."""
+    left = window - time.time() % window
+    if left < 60:
+        time.sleep(left + 0.5)
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [Algorithm.TOKEN_BUCKET, Algorithm.FIXED_WINDOW, Algorithm.SLIDING_WINDOW_LOG],
+)
+def test_three_tiers_admit_exactly_n_on_the_cluster(
+    flushed: Cluster, tmp_path: Path, algorithm: Algorithm
+) -> None:
+    """40 callers x 12 concurrent requests: each gets exactly its endpoint limit (5);
+    then with the global tier binding, exactly its limit (60) across all callers.
+    Afterwards every counter equals what was admitted through it: refunds left no trace."""
+    wait_for_window(7 * 86400)
+    plans = {
+        "a": {"global": f"10000/{WEEK}", "user": f"8/{WEEK}", "resources": {"work": f"5/{WEEK}"}},
+        "b": {"global": f"60/{WEEK}", "user": f"1000/{WEEK}"},
+    }
+    server = serve_many(
+        tmp_path,
+        plans,
+        QUOTA_STORAGE_URL=flushed.url,
+        QUOTA_ALGORITHM=algorithm.value,
+        QUOTA_STORAGE_TIMEOUT="2",
+    )
+    try:
+        # Identity tiers bind; the shared global tier is charged and refunded by each denial.
+        batch = [
+            ("/work", {"X-Client": f"a{i}", "X-Plan": "a"}, f"a{i}")
+            for _ in range(12)
+            for i in range(40)
+        ]
+        replies = hammer(server.port, batch, clients=32)
+        assert not [r for r in replies if r.status not in (200, 429)]
+        admitted = Counter(r.tag for r in replies if r.status == 200)
+        assert admitted == Counter({f"a{i}": 5 for i in range(40)})
+        assert _count(flushed, "quota:{ip=127.0.0.1}:g:", algorithm) in (200, None)
+        flushed.client().flushall(target_nodes=redis.RedisCluster.PRIMARIES)
+
+        # The global tier binds (60); identity slots are charged and refunded.
+        batch = [("/ping", {"X-Client": f"b{i}", "X-Plan": "b"}, f"b{i}") for i in range(40)] * 3
+        replies = hammer(server.port, batch, clients=32)
+        assert not [r for r in replies if r.status not in (200, 429)]
+        admitted = Counter(r.tag for r in replies if r.status == 200)
+        assert sum(admitted.values()) == 60, admitted
+        for i in range(40):
+            count = _count(flushed, f"quota:{{id=b{i}}}:u:", algorithm)
+            assert count in (admitted[f"b{i}"], None), i
+    finally:
+        server.stop()
+
+
+def _count(cluster: Cluster, prefix: str, algorithm: Algorithm) -> int | None:
+    """Units a window counter holds (fixed window, sliding log); None for token buckets."""
+    client = cluster.client()
+    try:
+        key = prefix + algorithm.code
+        if algorithm is Algorithm.FIXED_WINDOW:
+            raw = client.get(key)
+            return int(_text(raw).split(":")[1]) if raw else 0
+        if algorithm is Algorithm.SLIDING_WINDOW_LOG:
+            return int(client.llen(key))
+        return None
+    finally:
+        client.close()
+
+
+# -- failover ---------------------------------------------------------------------
+
+
+def test_counters_survive_a_manual_failover(flushed: Cluster, app: Flask) -> None:
+    """``CLUSTER FAILOVER`` on the replica of the caller's master: the budget carries over
+    exactly (3 used before, exactly 2 more after), and no request fails."""
+    client = cluster_app(app, flushed).test_client()
+    headers = {"X-Client": "carol"}
+    assert [client.get("/work", headers=headers).status_code for _ in range(3)] == [200] * 3
+
+    key = KeyBuilder("quota").endpoint_key(
+        KeyBuilder.identity_tag("carol"), "GET", "work", Algorithm.TOKEN_BUCKET
+    )
+    master = flushed.master_of(key)
+    replica = flushed.replica_of(master)
+    _wait_replicated(replica, key)
+    with replica.client() as r:
+        command(r, "CLUSTER", "FAILOVER")
+    _wait_master(flushed, key, replica)
+
+    statuses = [client.get("/work", headers=headers) for _ in range(4)]
+    decided = [r.status_code for r in statuses if "RateLimit" in r.headers]
+    assert [r.status_code for r in statuses] == [200, 200, 429, 429]
+    assert decided == [200, 200, 429, 429]
+
+
+def _wait_replicated(replica: RedisServer, key: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    with replica.client() as r:
+        command(r, "READONLY")
+        while r.exists(key) == 0:
+            assert time.monotonic() < deadline, "the replica never received the counter"
+            time.sleep(0.05)
+
+
+def _wait_master(cluster: Cluster, key: str, node: RedisServer, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while cluster.master_of(key) is not node:
+        assert time.monotonic() < deadline, f"{node.port} never became master"
+        time.sleep(0.1)
+    cluster.wait_healthy()
+
+
+def test_killed_master_fails_open_then_limits_return(flushed: Cluster, app: Flask) -> None:
+    """Kill -9 the master holding a caller's counters: no 5xx while the replica is
+    promoted (fail open), then the limit is enforced again within 10 s."""
+    client = cluster_app(app, flushed, QUOTA_BREAKER_COOLDOWN=0.25).test_client()
+    headers = {"X-Client": "dave"}
+    assert client.get("/work", headers=headers).status_code == 200
+    key = KeyBuilder("quota").endpoint_key(
+        KeyBuilder.identity_tag("dave"), "GET", "work", Algorithm.TOKEN_BUCKET
+    )
+    master = flushed.master_of(key)
+    replica = flushed.replica_of(master)
+    _wait_replicated(replica, key)
+
+    master.kill()
+    killed = time.monotonic()
+    statuses: list[int] = []
+    back = None
+    while time.monotonic() - killed < 10:
+        response = client.get("/work", headers=headers)
+        statuses.append(response.status_code)
+        if "RateLimit" in response.headers:
+            back = time.monotonic() - killed
+            break
+        time.sleep(0.02)
+    try:
+        assert back is not None, f"limits not back within 10 s: {Counter(statuses)}"
+        assert set(statuses) <= {200, 429}, Counter(statuses)
+        # On the promoted replica the counter carried over: 5 per week, 1 used before.
+        more = [client.get("/work", headers=headers).status_code for _ in range(5)]
+        assert more.count(200) + (statuses[-1] == 200) == 4
+        print(f"cluster master kill: limits enforced again after {back:.2f} s")
+    finally:
+        master.start()  # rejoins as a replica of the promoted node
+        flushed.wait_healthy()
