@@ -58,12 +58,16 @@ def parse_sentinel_url(
     userinfo, _, hosts = parts.netloc.rpartition("@")
     sentinels = []
     for address in filter(None, hosts.split(",")):
-        host, _, port = address.rpartition(":")
-        if not port:
-            host, port = address, "26379"
+        # "host", "host:port", "[v6]" or "[v6]:port"
+        if address.startswith("["):
+            host, _, rest = address[1:].partition("]")
+            port = rest.removeprefix(":") if rest.startswith(":") or not rest else "bad"
+        else:
+            host, _, port = address.partition(":")
+        port = port or "26379"
         if not host or not port.isdigit():
             raise ValueError(f"QUOTA_STORAGE_URL {url!r}: {address!r} is not host:port; {_FORM}")
-        sentinels.append((host.strip("[]"), int(port)))
+        sentinels.append((host, int(port)))
     path = [unquote(p) for p in parts.path.split("/") if p]
     if not sentinels or not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
         raise ValueError(f"QUOTA_STORAGE_URL {url!r} is not a Sentinel URL; use {_FORM}")
