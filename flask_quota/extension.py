@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from flask import Flask, Response, current_app, g, request
 
 from .breaker import CircuitBreaker
+from .denycache import DenyCache
 from .errors import InvalidApiKey, QuotaExceeded
 from .failover import GuardedStorage
 from .headers import rate_limit_headers
@@ -137,6 +138,8 @@ class Quota:
         usage = None
         if settings.dashboard_url is not None:
             usage = UsageRecorder(usage_sink(storage, settings.key_prefix))
+        if self._storage is None and settings.deny_cache and storage.name != "memory":
+            storage = DenyCache(storage)  # a flood of denials stays off Redis
         app.extensions["quota"] = QuotaState(
             quota=self,
             settings=settings,

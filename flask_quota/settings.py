@@ -48,6 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_UPGRADE_URL": "/pricing",
     "QUOTA_REJECT_UNKNOWN_KEYS": False,
     "QUOTA_BREAKER_COOLDOWN": 1.0,
+    "QUOTA_DENY_CACHE": True,  # remember Redis denials in-process until their retry time
     "QUOTA_DATABASE_URL": None,  # None: SQLite file in the instance folder (or Quota(db=))
     "QUOTA_SYNC_INTERVAL": 0.5,  # seconds between checks for plan/client changes in SQL
 }
@@ -76,6 +77,7 @@ class Settings:
     upgrade_url: str
     reject_unknown_keys: bool
     breaker_cooldown: float
+    deny_cache: bool
     database_url: str | None
     sync_interval: float
 
@@ -110,6 +112,7 @@ class Settings:
             upgrade_url=upgrade_url,
             reject_unknown_keys=_flag(get, "QUOTA_REJECT_UNKNOWN_KEYS"),
             breaker_cooldown=_positive(get, "QUOTA_BREAKER_COOLDOWN"),
+            deny_cache=_flag(get, "QUOTA_DENY_CACHE"),
             database_url=_database_url(get, "QUOTA_DATABASE_URL"),
             sync_interval=_positive(get, "QUOTA_SYNC_INTERVAL"),
         )

@@ -70,6 +70,7 @@ def serve_many(tmp_path: Path, plans: dict[str, Any], *, workers: int = 4, **env
     """Gunicorn serving ``tests.apps.many`` with ``plans`` (the first is the default plan),
     its own SQLite file and log in ``tmp_path``; returns once every worker answers."""
     first = next(iter(plans))
+    tmp_path.mkdir(parents=True, exist_ok=True)
     server = Gunicorn(
         {
             "QUOTA_PLANS": json.dumps(plans),

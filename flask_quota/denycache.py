@@ -1,0 +1,168 @@
+"""A local deny cache: a key Redis denied until T is answered 429 here until T.
+
+A flood from one client is the moment the limiter is busiest; every request
+of it would cost a Redis round trip only to hear "denied" again. Envoy's
+ratelimit and rate-limiter-flexible remember such denials in-process; so does
+this ``Storage`` wrapper. It only ever denies, so it cannot admit what Redis
+would refuse. Its deadline starts when the request to Redis was *sent*, not
+when the answer arrived: Redis decided somewhere in between, so a cached
+denial never outlasts the real one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .algorithms import Algorithm, Outcome
+from .rates import Rate
+from .storage import Check, Storage, Verdict
+
+__all__ = ["DenyCache"]
+
+US = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Denial:
+    """Redis said no to ``cost`` units on a key under ``rate``, until ``deadline``."""
+
+    rate: Rate
+    cost: int
+    deadline: float  # local monotonic seconds
+    outcome: Outcome
+    seen: tuple[tuple[str, Outcome], ...]  # every tier of the denied request, as Redis saw it
+    server_now_us: int  # Redis time of the decision
+    sent: float  # local monotonic time the decision was asked for
+
+
+class DenyCache:
+    """Wraps a ``Storage``; remembers each ``(key, cost)`` denial until its retry time.
+
+    A denial for cost ``c`` also answers costs ``>= c`` (they need more room).
+    An entry applies only to the rate it was made under, so a plan or override
+    change is never answered from a stale denial; ``clear()`` forgets everything
+    (the SQL layer calls it when quotas change, e.g. after a usage reset).
+    At most ``max_keys`` keys are remembered.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = 10_000,
+    ) -> None:
+        self.storage = storage
+        self.name = storage.name
+        self._clock = clock
+        self._max_keys = max_keys
+        self._lock = threading.Lock()
+        self._denials: dict[str, tuple[_Denial, ...]] = {}
+        self.hits = 0  # decisions answered here, without the storage
+
+    def decide(self, checks: Sequence[Check]) -> Verdict:
+        now = self._clock()
+        cached = self._cached(checks, now)
+        if cached is not None:
+            self.hits += 1
+            return cached
+        verdict = self.storage.decide(checks)
+        if not verdict.allowed:
+            self._remember(checks, verdict, now)
+        return verdict
+
+    def peek(self, checks: Sequence[Check]) -> Verdict:
+        return self.storage.peek(checks)
+
+    def clear(self, keys: Sequence[str] = ()) -> None:
+        """Forget ``keys`` in the storage and here; with no keys, forget every local denial."""
+        self.storage.clear(keys)
+        with self._lock:
+            if keys:
+                for key in keys:
+                    self._denials.pop(key, None)
+            else:
+                self._denials.clear()
+
+    def ping(self) -> float:
+        return self.storage.ping()
+
+    def close(self) -> None:
+        with self._lock:
+            self._denials.clear()
+        self.storage.close()
+
+    def __len__(self) -> int:
+        return len(self._denials)
+
+    def _find(self, check: Check, now: float) -> _Denial | None:
+        for denial in self._denials.get(check.key, ()):
+            if denial.deadline > now and denial.cost <= check.cost and denial.rate == check.rate:
+                return denial
+        return None
+
+    def _cached(self, checks: Sequence[Check], now: float) -> Verdict | None:
+        if not self._denials:
+            return None
+        found = [self._find(check, now) for check in checks]
+        first = next((d for d in found if d is not None), None)
+        if first is None:
+            return None
+        now_us = first.server_now_us + round((now - first.sent) * US)
+        seen = dict(first.seen)
+        outcomes = []
+        for check, denial in zip(checks, found, strict=True):
+            if denial is not None:
+                o = denial.outcome
+                retry = max(1, round((denial.deadline - now) * US))
+                outcomes.append(Outcome(False, o.limit, o.remaining, o.reset_us, retry))
+                continue
+            # A tier the denial did not cover: its last answer from the storage if
+            # the denied request had it (it is not charged either way), else unknown.
+            last = seen.get(check.key)
+            if last is not None:
+                outcomes.append(Outcome(True, last.limit, last.remaining, last.reset_us, 0))
+            else:
+                tb = check.algorithm is Algorithm.TOKEN_BUCKET
+                full = check.rate.capacity if tb else check.rate.limit
+                outcomes.append(Outcome(True, full, full, now_us, 0))
+        return Verdict(now_us, tuple(outcomes))
+
+    def _remember(self, checks: Sequence[Check], verdict: Verdict, sent: float) -> None:
+        seen = tuple((c.key, o) for c, o in zip(checks, verdict.outcomes, strict=True))
+        with self._lock:
+            if len(self._denials) >= self._max_keys:
+                self._prune(sent)
+            for check, outcome in zip(checks, verdict.outcomes, strict=True):
+                if outcome.allowed or outcome.retry_after_us <= 0:
+                    continue
+                denial = _Denial(
+                    rate=check.rate,
+                    cost=check.cost,
+                    deadline=sent + outcome.retry_after_us / US,
+                    outcome=outcome,
+                    seen=seen,
+                    server_now_us=verdict.now_us,
+                    sent=sent,
+                )
+                # One denial per cost: a new one for the same cost replaces the old.
+                kept = tuple(
+                    d
+                    for d in self._denials.get(check.key, ())
+                    if d.cost != check.cost and d.deadline > sent
+                )
+                self._denials[check.key] = (*kept, denial)
+
+    def _prune(self, now: float) -> None:
+        """Drop expired denials; if still full, the oldest half (insertion order)."""
+        live = {
+            key: kept
+            for key, denials in self._denials.items()
+            if (kept := tuple(d for d in denials if d.deadline > now))
+        }
+        if len(live) >= self._max_keys:
+            live = dict(list(live.items())[len(live) // 2 :])
+        self._denials = live
