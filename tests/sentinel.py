@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -58,7 +59,8 @@ class SentinelGroup:
         for port, _ in self.sentinels:
             client = redis.Redis(port=port, socket_timeout=2)
             try:
-                _, master_port = client.sentinel_get_master_addr_by_name(SERVICE)
+                address: Any = client.sentinel_get_master_addr_by_name(SERVICE)
+                _, master_port = address
                 return int(master_port)
             except redis.RedisError:
                 continue
@@ -78,7 +80,7 @@ class SentinelGroup:
             for port, _ in self.sentinels:
                 client = redis.Redis(port=port, socket_timeout=2)
                 try:
-                    state = client.sentinel_master(SERVICE)
+                    state: Any = client.sentinel_master(SERVICE)
                     views.append(
                         (int(state["num-other-sentinels"]), int(state["num-slaves"]), state["port"])
                     )
