@@ -47,8 +47,12 @@ def flask_quota(env: dict[str, str], *args: str) -> str:
     return result.stdout
 
 
-def probe(port: int, key: str) -> tuple[float, int, int]:
-    """(start time, worker pid, user-tier quota) of one request on a fresh connection."""
+def probe(port: int, key: str) -> tuple[float, int, int] | None:
+    """(start time, worker pid, user-tier quota) of one request on a fresh connection.
+
+    ``None`` when the response has no quota headers: Redis was too slow and the
+    request failed open (the box is shared), which says nothing about the plan.
+    """
     started = time.time()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
@@ -56,6 +60,8 @@ def probe(port: int, key: str) -> tuple[float, int, int]:
         response = conn.getresponse()
         body = json.loads(response.read())
         policy = response.getheader("RateLimit-Policy") or ""
+        if '"user";q=' not in policy:
+            return None
         quota = int(policy.split('"user";q=')[1].split(";")[0])
         return started, int(body["worker"]), quota
     finally:
@@ -69,6 +75,7 @@ def test_cli_plan_change_reaches_all_four_workers_within_two_seconds(
     env = {
         "QUOTA_DATABASE_URL": database_url,
         "QUOTA_STORAGE_URL": own_redis.url,
+        "QUOTA_STORAGE_TIMEOUT": "2",
         "QUOTA_PLANS": json.dumps({"free": {"global": "100000/second", "user": f"{OLD}/minute"}}),
         "PYTHONPATH": str(ROOT),
         "GUNICORN_LOG": str(tmp_path / "gunicorn.log"),
@@ -83,8 +90,9 @@ def test_cli_plan_change_reaches_all_four_workers_within_two_seconds(
     def hammer() -> None:
         while not stop.is_set():
             sample = probe(server.port, key)
-            with lock:
-                seen.append(sample)
+            if sample is not None:
+                with lock:
+                    seen.append(sample)
 
     try:
         with ThreadPoolExecutor(max_workers=8) as pool:
