@@ -155,7 +155,7 @@ def test_overrides_win_until_they_expire(apps: Callable[..., Flask], database_ur
     app = apps(database_url)
     acme, key = admin(app).create_client("acme", "free")
     _, other = admin(app).create_client("other", "free")
-    admin(app).add_override(acme.id, "user", "40/hour", expires_in=timedelta(seconds=2))
+    admin(app).add_override(acme.id, "user", "40/hour", expires_in=timedelta(seconds=3))
     admin(app).add_override(acme.id, "endpoint", "9/hour", resource="search")
     http = app.test_client()
     assert user_quota(http, **{"X-API-Key": key}) == 40
