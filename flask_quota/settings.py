@@ -159,7 +159,7 @@ def _positive(get: dict[str, Any], key: str) -> float:
     value = get[key]
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond any float
         number = float("nan")
     if not number > 0 or number == float("inf") or isinstance(value, bool):
         raise ValueError(f"{key}={value!r} must be a positive number of seconds")

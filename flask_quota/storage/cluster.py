@@ -68,7 +68,10 @@ class ClusterStorage:
     @classmethod
     def from_url(cls, url: str, *, timeout: float, clock: Clock | None = None) -> ClusterStorage:
         """``redis+cluster://[user:password@]host:port[,host:port...]``, any nodes to start from."""
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError as exc:  # e.g. an unclosed "[" of an IPv6 address
+            raise ValueError(f"QUOTA_STORAGE_URL {url!r} is not a URL ({exc})") from None
         userinfo, _, hosts = parts.netloc.rpartition("@")
         nodes = [_node(address, url) for address in hosts.split(",") if address]
         if not nodes:

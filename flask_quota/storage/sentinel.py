@@ -54,7 +54,10 @@ def parse_sentinel_url(
     url: str,
 ) -> tuple[list[tuple[str, int]], str, dict[str, Any], dict[str, Any]]:
     """``(sentinel addresses, service name, master options, sentinel options)``."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # e.g. an unclosed "[" of an IPv6 address
+        raise ValueError(f"QUOTA_STORAGE_URL {url!r} is not a URL ({exc})") from None
     userinfo, _, hosts = parts.netloc.rpartition("@")
     sentinels = []
     for address in filter(None, hosts.split(",")):
