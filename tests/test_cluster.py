@@ -7,6 +7,7 @@ four gunicorn workers.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -161,6 +162,31 @@ def test_each_slot_costs_one_script_call(flushed: Cluster, app: Flask) -> None:
     assert master_calls(flushed) - before == 1
 
 
+def test_slots_are_asked_together(flushed: Cluster) -> None:
+    """The identity slot is decided while the global slot's master is still asleep: the
+    calls are in flight together, not one after the other."""
+    rate = parse_rate("1/hour")  # a token bucket stores now + 3600 s: the decision's time
+    glob = Check("quota:{ip=10.9.8.7}:g:tb", Algorithm.TOKEN_BUCKET, rate, 1)
+    sleeper = flushed.master_of(glob.key)
+    user = next(
+        Check(f"quota:{{id=u{i}}}:u:tb", Algorithm.TOKEN_BUCKET, rate, 1)
+        for i in range(100)
+        if flushed.master_of(f"{{id=u{i}}}") is not sleeper
+    )
+    storage = ClusterStorage.from_url(flushed.url, timeout=3)
+    storage.peek([glob, user])  # connections and scripts ready
+    asleep = threading.Thread(target=lambda: command(sleeper.client(), "DEBUG", "SLEEP", "0.6"))
+    try:
+        asleep.start()
+        time.sleep(0.15)
+        assert storage.decide([glob, user]).allowed
+    finally:
+        asleep.join()
+        storage.close()
+    tat = {c.key: int(_text(_raw(flushed, c.key))) for c in (glob, user)}
+    assert tat[glob.key] - tat[user.key] > 300_000  # the user slot did not wait for it
+
+
 def _checks_for(app: Flask, identity: str) -> list[Check]:
     from flask_quota.extension import get_state
 
@@ -279,6 +305,35 @@ def test_three_tiers_admit_exactly_n_on_the_cluster(
             assert count in (admitted[f"b{i}"], None), i
     finally:
         server.stop()
+
+
+def test_both_slots_tight_never_over_admit(flushed: Cluster, tmp_path: Path) -> None:
+    """Global (100) and user (4 each, 40 callers) limits bind at once: refunds race with
+    charges, so the cluster may admit a little under 100, never over; and every counter
+    still equals what was admitted through it."""
+    wait_for_window(7 * 86400)
+    plans = {"p": {"global": f"100/{WEEK}", "user": f"4/{WEEK}"}}
+    server = serve_many(
+        tmp_path,
+        plans,
+        QUOTA_STORAGE_URL=flushed.url,
+        QUOTA_ALGORITHM="fixed_window",
+        QUOTA_STORAGE_TIMEOUT="2",
+    )
+    try:
+        batch = [("/ping", {"X-Client": f"t{i}"}, f"t{i}") for i in range(40)] * 6
+        replies = hammer(server.port, batch, clients=32)
+    finally:
+        server.stop()
+    assert not [r for r in replies if r.status not in (200, 429)]
+    admitted = Counter(r.tag for r in replies if r.status == 200)
+    total = sum(admitted.values())
+    assert 90 <= total <= 100, admitted
+    assert max(admitted.values()) <= 4
+    assert _count(flushed, "quota:{ip=127.0.0.1}:g:", Algorithm.FIXED_WINDOW) == total
+    for i in range(40):
+        assert _count(flushed, f"quota:{{id=t{i}}}:u:", Algorithm.FIXED_WINDOW) == admitted[f"t{i}"]
+    print(f"cluster, both tiers tight: admitted {total} of a global limit of 100")
 
 
 def _count(cluster: Cluster, prefix: str, algorithm: Algorithm) -> int | None:

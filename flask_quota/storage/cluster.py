@@ -13,14 +13,12 @@ limiter can therefore under-admit near a limit, never over-admit.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -28,6 +26,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
 from redis.crc import key_slot
+from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 from redis.retry import Retry
 
 from ..algorithms import Outcome
@@ -41,8 +40,9 @@ REFUND_SCRIPT = "\n".join(
     for part in ("common.lua", "refund.lua")
 )
 
-T = TypeVar("T")
 _ERRORS = (redis.RedisError, OSError)
+# Error replies that mean the script never ran, so running it again is safe.
+_NOT_RUN = (NoScriptError, MovedError, AskError, TryAgainError)
 
 
 class ClusterStorage:
@@ -61,8 +61,7 @@ class ClusterStorage:
         self._lock = threading.Lock()
         self._client: RedisCluster | None = None
         self._scripts: tuple[Script, Script] | None = None  # (decide, refund) of that client
-        self._executor: ThreadPoolExecutor | None = None
-        self._pid = os.getpid()
+        self._stale = False  # a node failed: refresh the slot map before the next call
         self.refund_failures = 0  # refunds that could not be delivered (charge kept)
 
     @classmethod
@@ -141,34 +140,29 @@ class ClusterStorage:
             if self._client is not None:
                 self._client.close()
                 self._client, self._scripts = None, None
-            if self._executor is not None:
-                self._executor.shutdown(wait=False)
-                self._executor = None
 
     # -- one request ---------------------------------------------------------
 
     def _run(self, checks: Sequence[Check], mode: str) -> Verdict:
-        _, (decide, _) = self._connected()
+        client, (decide, _) = self._connected()
         if not checks:
             return Verdict(self._clock() if self._clock else wall_clock_us(), ())
         groups = slot_groups(checks)
         now_arg = "" if self._clock is None else self._clock()
-
-        def call(group: list[int]) -> Verdict:
-            part = [checks[i] for i in group]
+        calls = []
+        for group in groups:
             args: list[Any] = [mode, now_arg]
-            for check in part:
-                rate = check.rate
-                args += [
-                    check.algorithm.code,
-                    rate.limit,
-                    rate.window_us,
-                    rate.capacity,
-                    check.cost,
-                ]
-            return parse_reply(decide(keys=[c.key for c in part], args=args), part)
-
-        results = self._together(call, groups)
+            for i in group:
+                rate = checks[i].rate
+                args += [checks[i].algorithm.code, rate.limit, rate.window_us, rate.capacity]
+                args.append(checks[i].cost)
+            calls.append(([checks[i].key for i in group], args))
+        results: list[Any] = []
+        for group, reply in zip(groups, self._together(client, decide, calls), strict=True):
+            if isinstance(reply, BaseException):
+                results.append(reply)
+            else:
+                results.append(parse_reply(reply, [checks[i] for i in group]))
         verdicts = [r for r in results if isinstance(r, Verdict)]
         failed = [r for r in results if not isinstance(r, Verdict)]
         if mode == "decide" and (failed or not all(v.allowed for v in verdicts)):
@@ -185,47 +179,82 @@ class ClusterStorage:
 
     def _refund(self, checks: Sequence[Check], charged: list[tuple[list[int], Verdict]]) -> None:
         """Undo the charges of slots that allowed; best effort, a lost refund only under-admits."""
-        _, (_, refund) = self._connected()
+        client, (_, refund) = self._connected()
         now_arg = "" if self._clock is None else self._clock()
-
-        def call(item: tuple[list[int], Verdict]) -> int:
-            group, verdict = item
+        calls = []
+        for group, verdict in charged:
             args: list[Any] = [now_arg]
             for i in group:
                 rate = checks[i].rate
-                args += [
-                    checks[i].algorithm.code, rate.limit, rate.window_us, rate.capacity,
-                    checks[i].cost, verdict.now_us,
-                ]  # fmt: skip
-            return int(refund(keys=[checks[i].key for i in group], args=args))
-
-        for result in self._together(call, charged):
-            if isinstance(result, BaseException):
+                args += [checks[i].algorithm.code, rate.limit, rate.window_us, rate.capacity]
+                args += [checks[i].cost, verdict.now_us]
+            calls.append(([checks[i].key for i in group], args))
+        for reply in self._together(client, refund, calls):
+            if isinstance(reply, BaseException):
                 self.refund_failures += 1
 
-    def _together(self, call: Callable[[T], Any], items: Sequence[T]) -> list[Any]:
-        """``call`` on every item, concurrently; each result or the storage error it raised."""
-        futures: list[Future[Any]] = [self._pool().submit(call, item) for item in items[1:]]
-        results: list[Any] = []
-        try:
-            results.append(call(items[0]))  # the first slot in this thread: no hand-off
-        except _ERRORS as exc:
-            results.append(exc)
-        for future in futures:
-            try:
-                results.append(future.result())
-            except _ERRORS as exc:
-                results.append(exc)
-        return results
+    def _together(
+        self, client: RedisCluster, script: Script, calls: list[tuple[list[str], list[Any]]]
+    ) -> list[Any]:
+        """Run ``script`` once per call, every call in flight at once; replies or errors.
 
-    def _pool(self) -> ThreadPoolExecutor:
-        # A pool made before a fork has no threads in the child: make one per process.
-        if self._executor is None or self._pid != os.getpid():
-            with self._lock:
-                if self._executor is None or self._pid != os.getpid():
-                    self._executor = ThreadPoolExecutor(4, thread_name_prefix="flask-quota")
-                    self._pid = os.getpid()
-        return self._executor
+        Each call is written to the connection of its slot's master before any reply
+        is read, as redis-py's cluster pipeline does, so N slots cost one round trip
+        of wall time and a hung node costs one timeout, not N.
+        """
+        if self._stale:
+            # A node failed last time: read the slot map again before trusting it.
+            try:
+                client.nodes_manager.initialize()
+            except _ERRORS as exc:
+                return [exc for _ in calls]
+            self._stale = False
+        cluster: Any = client  # the per-node calls below are untyped in redis-py
+        sent: list[tuple[Any, Any] | None] = []  # (node's Redis, its Connection)
+        replies: list[Any] = [None] * len(calls)
+        try:
+            for n, (keys, args) in enumerate(calls):
+                node: Any = None
+                connection: Any = None
+                try:
+                    node = cluster.get_redis_connection(cluster.get_node_from_key(keys[0]))
+                    connection = node.connection_pool.get_connection()
+                    connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                except _ERRORS as exc:
+                    replies[n] = exc
+                    if node is not None and connection is not None:
+                        connection.disconnect()
+                        node.connection_pool.release(connection)
+                    sent.append(None)
+                    continue
+                sent.append((node, connection))
+            for n, pair in enumerate(sent):
+                if pair is None:
+                    continue
+                node, connection = pair
+                try:
+                    replies[n] = node.parse_response(connection, "EVALSHA")
+                except redis.ResponseError as exc:
+                    replies[n] = exc  # an error reply: the connection is still in step
+                except _ERRORS as exc:
+                    replies[n] = exc
+                    connection.disconnect()  # a reply may still be on its way: never reuse
+        finally:
+            for pair in sent:
+                if pair is not None:
+                    pair[0].connection_pool.release(pair[1])
+        for n, reply in enumerate(replies):
+            if isinstance(reply, _NOT_RUN):
+                # The script did not run (unknown to a new master, or the slot moved):
+                # the cluster client reloads it and follows redirects.
+                keys, args = calls[n]
+                try:
+                    replies[n] = script(keys=keys, args=args)
+                except _ERRORS as exc:
+                    replies[n] = exc
+            elif isinstance(reply, (redis.ConnectionError, redis.TimeoutError, OSError)):
+                self._stale = True
+        return replies
 
 
 def slot_groups(checks: Sequence[Check]) -> list[list[int]]:
