@@ -1,0 +1,108 @@
+"""Regenerate docs/overview.png: the dashboard's overview after some real API traffic.
+
+Run from anywhere with the repository's virtualenv:
+
+    .venv/bin/python scripts/screenshot.py [--out docs/overview.png]
+
+Starts the demo app (tests/apps/dashboard_demo.py, memory storage, a throw-away
+instance folder) on a free loopback port, sends traffic from a few identities
+(some of it denied with 429), waits for the usage flush, and photographs the
+overview at 1280x900 in headless Chromium (Debian's /usr/bin/chromium).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from playwright.sync_api import sync_playwright  # noqa: E402
+
+from tests.apps.dashboard_demo import serving  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+USER, PASSWORD = "ops", "screenshot-only"
+
+# (identity or None for anonymous, plan header, method, path, count)
+TRAFFIC: list[tuple[str | None, str | None, str, str, int]] = [
+    ("acme-analytics", "pro", "GET", "/items", 45),
+    ("acme-analytics", "pro", "POST", "/infer", 12),
+    ("bob@example.com", None, "POST", "/infer", 9),  # free ai: 5/minute, then 429
+    ("carol", None, "GET", "/items", 34),  # free user tier: 30/minute, then 429
+    ("dave", None, "GET", "/items", 6),
+    (None, None, "GET", "/items", 8),  # anonymous, keyed by IP
+]
+
+
+def send(base: str, method: str, path: str, user: str | None, plan: str | None) -> int:
+    headers = {k: v for k, v in (("X-User", user), ("X-Plan", plan)) if v}
+    request = urllib.request.Request(base + path, method=method, headers=headers)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "overview.png")
+    args = parser.parse_args()
+    if not Path(CHROMIUM).exists():
+        print(f"{CHROMIUM} not found: apt-get install chromium", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory() as instance:
+        env = {
+            "DASHBOARD_DEMO_USER": USER,
+            "DASHBOARD_DEMO_PASSWORD": PASSWORD,
+            "DASHBOARD_DEMO_INSTANCE": instance,
+        }
+        with serving(env) as (app, base), sync_playwright() as p:
+            if time.time() % 60 > 48:  # the chart ends on this minute: don't let it roll over
+                time.sleep(60.5 - time.time() % 60)
+            statuses = [
+                send(base, method, path, user, plan)
+                for user, plan, method, path, count in TRAFFIC
+                for _ in range(count)
+            ]
+            print(f"sent {len(statuses)} requests: {statuses.count(429)} got 429")
+            app.extensions["quota"].usage.flush()  # don't wait for the background thread
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                context = browser.new_context(
+                    viewport={"width": 1280, "height": 900},
+                    http_credentials={"username": USER, "password": PASSWORD},
+                )
+                context.route("**/favicon.ico", lambda route: route.abort())
+                page = context.new_page()
+                page.goto(base + "/quota/")
+                # One live refresh done (it also reloads the chart), and the chart drawn.
+                page.locator("#updated").filter(has_text="Last update").wait_for(timeout=5000)
+                page.wait_for_function(
+                    "() => { const c = document.getElementById('chart');"
+                    " return c.complete && c.naturalWidth > 0; }",
+                    timeout=5000,
+                )
+                time.sleep(0.2)  # let the last paint settle
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(args.out))
+            finally:
+                browser.close()
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+"""The dashboard in a real browser: headless Chromium (Playwright) against a real HTTP server.
+
+Every test gets a fresh demo app (tests/apps/dashboard_demo.py: memory storage, its
+own SQLite instance folder) served by Werkzeug on a free loopback port; one browser
+is shared by the module, with a new context (cookies, credentials) per test.
+
+Needs Debian's /usr/bin/chromium (Playwright's own browser download is not used).
+Without it the tests are skipped, loudly; with CI=true they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from playwright.sync_api import (
+    Browser,
+    BrowserContext,
+    Dialog,
+    Page,
+    Playwright,
+    expect,
+    sync_playwright,
+)
+from playwright.sync_api import Error as PlaywrightError
+
+from tests.apps.dashboard_demo import serving
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+CI = os.environ.get("CI", "").lower() in ("1", "true")
+USER, PASSWORD = "ops", "browser-test-password"
+XSS = "<script>alert(1)</script>"
+LIVE_DEADLINE_MS = 3000  # a request must show on the overview this soon, without a reload
+
+
+@dataclass
+class Demo:
+    app: Flask
+    base: str
+
+    def api(self, method: str, path: str, user: str | None = None) -> tuple[int, dict[str, str]]:
+        """One API request (no proxy); returns the status and the response headers."""
+        headers = {"X-User": user} if user is not None else {}
+        request = urllib.request.Request(self.base + path, method=method, headers=headers)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(request, timeout=5) as response:
+                return response.status, dict(response.headers)
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers)
+
+    def url(self, path: str) -> str:
+        return self.base + "/quota" + path
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    if not CHROMIUM.exists():
+        if CI:
+            pytest.fail(f"!!! {CHROMIUM} is required in CI (CI=true) but is not installed")
+        pytest.skip(f"!!! {CHROMIUM} not found: browser tests SKIPPED (apt-get install chromium)")
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    try:
+        yield browser
+    finally:
+        browser.close()
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    env = {
+        "DASHBOARD_DEMO_USER": USER,
+        "DASHBOARD_DEMO_PASSWORD": PASSWORD,
+        "DASHBOARD_DEMO_INSTANCE": str(tmp_path / "instance"),
+        "DASHBOARD_DEMO_SECRET": "browser-test-secret",
+    }
+    with serving(env) as (app, base):
+        yield Demo(app, base)
+
+
+def _context(browser: Browser, width: int = 1280, height: int = 900, **kw: Any) -> BrowserContext:
+    context = browser.new_context(viewport={"width": width, "height": height}, **kw)
+    context.set_default_timeout(5000)
+    # Chromium's automatic /favicon.ico request is API traffic too (an anonymous 404):
+    # keep it out of the counters the tests read.
+    context.route("**/favicon.ico", lambda route: route.abort())
+    return context
+
+
+@pytest.fixture
+def context(browser: Browser) -> Iterator[BrowserContext]:
+    ctx = _context(browser, http_credentials={"username": USER, "password": PASSWORD})
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
+@pytest.fixture
+def page(context: BrowserContext) -> Page:
+    return context.new_page()
+
+
+def wait_for_top(demo: Demo, page: Page, name: str) -> None:
+    """Until the usage flush has put ``name`` among the top identities (bounded)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        top = page.request.get(demo.url("/api/overview")).json()["top"]
+        if any(row["name"] == name for row in top):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{name!r} never reached the top identities")
+
+
+def plan_rate(page: Page, plan: str, tier: str) -> str:
+    row = page.locator(f"#plan-{plan} tbody tr").filter(
+        has=page.get_by_role("cell", name=tier, exact=True)
+    )
+    return row.locator("td.rate").inner_text()
+
+
+def _refused(browser: Browser, demo: Demo, credentials: dict[str, str] | None) -> None:
+    """Opening the overview with these credentials gets a 401 and shows nothing."""
+    anonymous = _context(browser, http_credentials=credentials)
+    try:
+        page = anonymous.new_page()
+        statuses: list[int] = []
+        page.on("response", lambda response: statuses.append(response.status))
+        try:  # Chromium answers a 401 challenge it cannot meet with a network error
+            response = page.goto(demo.url("/"))
+            assert response is not None and response.status == 401
+        except PlaywrightError as exc:
+            assert "ERR_INVALID_AUTH_CREDENTIALS" in str(exc)
+        assert statuses and set(statuses) == {401}, statuses
+        expect(page.get_by_role("heading", name="Overview")).to_have_count(0)
+        direct = anonymous.request.get(demo.url("/api/overview"))
+        assert direct.status == 401 and "Basic" in direct.headers["www-authenticate"]
+        assert "allowed" not in direct.text()
+    finally:
+        anonymous.close()
+
+
+def test_login(browser: Browser, demo: Demo) -> None:
+    """The operator's credentials open the dashboard; none or wrong ones get a 401."""
+    _refused(browser, demo, None)
+    _refused(browser, demo, {"username": USER, "password": "wrong"})
+    ops = _context(browser, http_credentials={"username": USER, "password": PASSWORD})
+    try:
+        page = ops.new_page()
+        response = page.goto(demo.url("/"))
+        assert response is not None and response.status == 200
+        expect(page.get_by_role("heading", name="Overview")).to_be_visible()
+        expect(page.locator(".operator")).to_have_text(USER)
+    finally:
+        ops.close()
+
+
+def test_request_appears_live_on_overview(demo: Demo, page: Page) -> None:
+    """A request sent to the API shows on the overview within 3 s, with no reload."""
+    navigations: list[str] = []
+    page.goto(demo.url("/"))
+    expect(page.locator("#allowed")).to_have_text("0")
+    page.on("framenavigated", lambda frame: navigations.append(frame.url))
+    page.evaluate("window.__marker = 1")
+    assert demo.api("GET", "/items", user="grace")[0] == 200
+    expect(page.locator("#allowed")).to_have_text("1", timeout=LIVE_DEADLINE_MS)
+    for _ in range(6):  # 5 admitted, then the ai endpoint (5/minute) denies
+        demo.api("POST", "/infer", user="grace")
+    # 1 + 5 x (user + ai) tier admissions; the denial is counted once, by its tier.
+    expect(page.locator("#allowed")).to_have_text("11", timeout=LIVE_DEADLINE_MS)
+    expect(page.locator("#denied")).to_have_text("1", timeout=LIVE_DEADLINE_MS)
+    expect(page.locator("#top").get_by_role("link", name="grace")).to_be_visible()
+    assert page.evaluate("window.__marker") == 1, "the page was reloaded"
+    assert navigations == []
+
+
+def test_open_identity_from_top_list(demo: Demo, page: Page) -> None:
+    """Clicking a top identity opens its page with its current buckets."""
+    for _ in range(3):
+        assert demo.api("POST", "/infer", user="ada")[0] == 200
+    page.goto(demo.url("/"))
+    link = page.locator("#top").get_by_role("link", name="ada", exact=True)
+    expect(link).to_be_visible(timeout=LIVE_DEADLINE_MS)
+    link.click()
+    # dashboard.js percent-encodes the tag ("id%3Dada"); the server renders "id=ada".
+    expect(page).to_have_url(re.compile(re.escape(demo.url("/identity/id")) + "(=|%3D)ada$"))
+    expect(page.locator("h1 .identity")).to_have_text("ada")
+    expect(page.locator("#plan")).to_have_text("free")
+    rows = page.locator("#buckets tbody tr")
+    expect(rows).to_have_count(2)
+    buckets = {
+        cells[1]: (cells[2], int(cells[3]), int(cells[4]))
+        for cells in (row.locator("td").all_inner_texts() for row in rows.all())
+    }
+    assert buckets.keys() == {"user", "ai (POST)"}
+    # Token buckets refill while we look (user: one token per 2 s, ai: one per 12 s).
+    rate, remaining, limit = buckets["user"]
+    assert (rate, limit) == ("30/minute", 30) and 27 <= remaining < 30
+    rate, remaining, limit = buckets["ai (POST)"]
+    assert (rate, limit) == ("5/minute", 5) and 2 <= remaining <= 3
+
+
+def test_plan_change_is_enforced(demo: Demo, page: Page) -> None:
+    """Setting the free user rate to 2/minute in the Plans page makes the API deny the 3rd call."""
+    page.goto(demo.url("/plans"))
+    assert plan_rate(page, "free", "user") == "30/minute"
+    rate_input = page.get_by_label("New rate for free user")
+    rate_input.fill("2/minute")
+    row = page.locator("#plan-free tbody tr").filter(has=rate_input)
+    with page.expect_navigation():
+        row.get_by_role("button", name="Save").click()
+    expect(page.locator(".flash.ok")).to_contain_text("is now 2/minute")
+    assert plan_rate(page, "free", "user") == "2/minute"
+    # The change reaches the limiter within 2 s (spec); wait for it, boundedly.
+    deadline = time.monotonic() + 2.5
+    probe = 0
+    while demo.api("GET", "/items", user=f"probe-{probe}")[1].get("X-RateLimit-Limit") != "2":
+        assert time.monotonic() < deadline, "the new rate was not enforced within 2.5 s"
+        probe += 1
+        time.sleep(0.1)
+    statuses = [demo.api("GET", "/items", user="fresh-identity")[0] for _ in range(3)]
+    assert statuses == [200, 200, 429]
+
+
+def test_malformed_rate_shows_error_and_saves_nothing(demo: Demo, page: Page) -> None:
+    """A malformed rate re-renders the form with the message (400) and changes nothing."""
+    page.goto(demo.url("/plans"))
+    rate_input = page.get_by_label("New rate for free user")
+    rate_input.fill("five per minute")
+    row = page.locator("#plan-free tbody tr").filter(has=rate_input)
+    with page.expect_navigation() as navigation:
+        row.get_by_role("button", name="Save").click()
+    response = navigation.value
+    assert response is not None and response.status == 400
+    expect(page.locator("#form-error")).to_be_visible()
+    expect(page.locator("#form-error")).to_contain_text("five per minute")
+    page.goto(demo.url("/plans"))
+    assert plan_rate(page, "free", "user") == "30/minute"
+    page.goto(demo.url("/audit"))
+    expect(page.locator("#audit")).not_to_contain_text("plan.limit.set")
+    assert demo.api("GET", "/items", user="nobody")[1]["X-RateLimit-Limit"] == "30"
+
+
+def test_post_without_csrf_token_is_refused(demo: Demo, page: Page) -> None:
+    """POSTs with no or a forged CSRF token get a 400 and change nothing."""
+    page.goto(demo.url("/plans"))
+    forged = page.request.post(
+        demo.url("/plans/free/limit"), form={"tier": "user", "rate": "1000/minute"}
+    )
+    assert forged.status == 400 and "CSRF" in forged.text()
+    # The page's own form with its token stripped, then with a forged one, submitted.
+    for token in (None, "forged"):
+        with page.expect_navigation() as navigation:
+            page.evaluate(
+                """(token) => {
+                    const input = document.getElementById("rate-free-1");
+                    const form = input.form;
+                    const csrf = form.querySelector("input[name=csrf_token]");
+                    if (token === null) { csrf.remove(); } else { csrf.value = token; }
+                    input.value = "999/minute";
+                    form.submit();
+                }""",
+                token,
+            )
+        response = navigation.value
+        assert response is not None and response.status == 400
+        expect(page.locator("body")).to_contain_text("CSRF token missing or invalid")
+        page.goto(demo.url("/plans"))
+        assert plan_rate(page, "free", "user") == "30/minute"
+    page.goto(demo.url("/audit"))
+    expect(page.locator("#audit")).not_to_contain_text("plan.limit.set")
+    assert demo.api("GET", "/items", user="nobody")[1]["X-RateLimit-Limit"] == "30"
+
+
+def test_hostile_identity_is_text_and_csp_blocks_inline_script(demo: Demo, page: Page) -> None:
+    """An identity made of <script> shows as text, no dialog fires, and CSP blocks inline code."""
+    dialogs: list[str] = []
+    csp_errors: list[str] = []
+
+    def on_dialog(dialog: Dialog) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", on_dialog)
+    page.on(
+        "console",
+        lambda msg: csp_errors.append(msg.text) if "Content Security Policy" in msg.text else None,
+    )
+    assert demo.api("POST", "/infer", user=XSS)[0] == 200
+    wait_for_top(demo, page, XSS)
+    response = page.goto(demo.url("/"))  # rendered by the server (Jinja)
+    assert response is not None
+    csp = response.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp
+    link = page.locator("#top").get_by_role("link", name=XSS, exact=True)
+    expect(link).to_be_visible()
+    expect(page.locator("#updated")).to_contain_text("Last update", timeout=LIVE_DEADLINE_MS)
+    expect(link).to_be_visible()  # and again as rendered by dashboard.js
+    link.click()
+    expect(page.locator("h1 .identity")).to_have_text(XSS)
+    for url in (demo.url("/"), page.url):
+        page.goto(url)
+        assert page.evaluate("document.scripts.length") == 1  # dashboard.js only
+    # Inline script and inline event handlers do not run under the CSP.
+    with pytest.raises(PlaywrightError, match="violates the following Content Security Policy"):
+        page.add_script_tag(content="window.__injected = 1;")
+    page.evaluate(
+        """() => document.body.insertAdjacentHTML(
+            "beforeend", '<img src="/quota/nothing.png" onerror="window.__handler = 1">')"""
+    )
+    page.wait_for_timeout(300)
+    assert page.evaluate("typeof window.__injected") == "undefined"
+    assert page.evaluate("typeof window.__handler") == "undefined"
+    assert csp_errors, "Chromium reported no CSP violation"
+    assert dialogs == []
+
+
+def test_no_horizontal_scroll_on_narrow_screens(browser: Browser, demo: Demo) -> None:
+    """At 1280 and 390 px, the overview, plans, clients and identity pages never scroll sideways."""
+    long_name = "customer-with-a-really-long-identifier-" * 3
+    for _ in range(6):
+        demo.api("POST", "/infer", user=long_name)
+    for width, height in ((1280, 900), (390, 844)):
+        ctx = _context(
+            browser, width, height, http_credentials={"username": USER, "password": PASSWORD}
+        )
+        try:
+            page = ctx.new_page()
+            if width == 1280:
+                wait_for_top(demo, page, long_name)
+                page.goto(demo.url("/clients"))
+                page.get_by_label("Name").fill("A client with a fairly long name, Inc.")
+                page.get_by_role("button", name="Create and show its key").click()
+                expect(page.locator("#new-key")).to_be_visible()
+            for path in ("/", "/plans", "/clients", "/identity/id=" + long_name, "/identity/id=1"):
+                page.goto(demo.url(path))
+                if path == "/":
+                    expect(page.locator("#top")).to_contain_text(long_name)
+                    expect(page.locator("#updated")).to_contain_text("Last update")
+                overflow = page.evaluate(
+                    "[document.documentElement.scrollWidth, window.innerWidth]"
+                )
+                assert overflow[0] <= overflow[1], f"{path} at {width} px: {overflow}"
+        finally:
+            ctx.close()
+
+
+def test_chart_series_are_labelled_with_text(demo: Demo, page: Page) -> None:
+    """The chart names its series in text (allowed/denied), not by colour alone."""
+    for _ in range(6):
+        demo.api("POST", "/infer", user="lin")
+    wait_for_top(demo, page, "lin")
+    page.goto(demo.url("/"))
+    legend = page.locator(".legend")
+    expect(legend).to_contain_text("allowed")
+    expect(legend).to_contain_text("denied")
+    chart = page.locator("#chart")
+    expect(chart).to_have_attribute("alt", re.compile("allowed and denied", re.I))
+    assert page.evaluate("document.getElementById('chart').naturalWidth") > 0  # it loaded
+    svg = page.request.get(demo.url("/chart.svg"))
+    assert svg.ok and svg.headers["content-type"].startswith("image/svg+xml")
+    texts = [
+        "".join(node.itertext())
+        for node in ET.fromstring(svg.text()).iter("{http://www.w3.org/2000/svg}text")
+    ]
+    assert "ai" in texts and "user" in texts, texts  # one panel per tier, named
+    # Each panel labels both lines at their ends (this minute's counts).
+    assert sum(bool(re.fullmatch(r"allowed \d+", t)) for t in texts) == 2, texts
+    assert sum(bool(re.fullmatch(r"denied \d+", t)) for t in texts) == 2, texts
