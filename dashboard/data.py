@@ -144,11 +144,12 @@ def overview(app: Flask, state: QuotaState) -> dict[str, Any]:
     recent_requests: Counter[str] = Counter()
     for m in recent:
         recent_requests.update(m.identities)
-    allowed = sum(c for (_, ok), c in totals.items() if ok)
-    denied = sum(c for (_, ok), c in totals.items() if not ok)
-    last = minutes[-1].tiers if minutes else Counter()
-    last_denied = sum(c for (_, ok), c in last.items() if not ok)
-    last_total = sum(last.values())
+    requests: Counter[bool] = Counter()
+    for m in minutes:
+        requests.update(m.requests)
+    allowed, denied = requests[True], requests[False]
+    last = minutes[-1].requests if minutes else Counter()
+    last_denied, last_total = last[False], last[True] + last[False]
     top = _top(app, state, [tag for tag, _ in recent_requests.most_common(TOP)], recent_requests)
     return {
         "minute": minute,

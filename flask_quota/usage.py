@@ -42,11 +42,13 @@ REQUESTS = "*"  # the tier name under which whole requests are counted per ident
 
 @dataclass
 class MinuteUsage:
-    """Counts of one minute: per (tier name, allowed) and per identity."""
+    """Counts of one minute: per (tier name, allowed), per identity, and whole
+    requests by admitted (True) or denied (False)."""
 
     minute: int
     tiers: Counter[tuple[str, bool]] = field(default_factory=Counter)
     identities: Counter[str] = field(default_factory=Counter)
+    requests: Counter[bool] = field(default_factory=Counter)
 
 
 class UsageSink(Protocol):
@@ -77,6 +79,7 @@ class MemoryUsageSink:
                 usage = self._minutes.setdefault(minute, MinuteUsage(minute))
                 if tier == REQUESTS:
                     usage.identities[identity] += count
+                    usage.requests[allowed] += count
                     continue
                 usage.tiers[(tier, allowed)] += count
                 mine = self._by_identity.setdefault((minute, identity), Counter())
@@ -121,7 +124,9 @@ class MemoryUsageSink:
 def _copy(usage: MinuteUsage | None) -> MinuteUsage | None:
     if usage is None:
         return None
-    return MinuteUsage(usage.minute, Counter(usage.tiers), Counter(usage.identities))
+    return MinuteUsage(
+        usage.minute, Counter(usage.tiers), Counter(usage.identities), Counter(usage.requests)
+    )
 
 
 class RedisUsageSink:
@@ -146,10 +151,12 @@ class RedisUsageSink:
         touched: set[str] = set()
         per_identity: Counter[tuple[int, str]] = Counter()
         for (minute, identity, tier, allowed), count in batch.items():
-            if tier == REQUESTS:
-                per_identity[(minute, identity)] += count
-                continue
             field_name = f"{tier}|{'a' if allowed else 'd'}"
+            if tier == REQUESTS:  # whole requests: per minute, and per identity in the top list
+                per_identity[(minute, identity)] += count
+                pipe.hincrby(self._key(minute, "t"), field_name, count)
+                touched.add(self._key(minute, "t"))
+                continue
             for key in (self._key(minute, "t"), self._key(minute, "id", identity)):
                 pipe.hincrby(key, field_name, count)
                 touched.add(key)
@@ -177,14 +184,10 @@ class RedisUsageSink:
         replies = pipe.execute()
         result = []
         for i, m in enumerate(span):
-            tiers, top = replies[2 * i], replies[2 * i + 1]
-            result.append(
-                MinuteUsage(
-                    m,
-                    _tier_counts(tiers),
-                    Counter({_text(member): int(score) for member, score in top}),
-                )
-            )
+            tiers, top = _tier_counts(replies[2 * i]), replies[2 * i + 1]
+            requests = Counter({ok: tiers.pop((REQUESTS, ok), 0) for ok in (True, False)})
+            identities = Counter({_text(member): int(score) for member, score in top})
+            result.append(MinuteUsage(m, tiers, identities, +requests))
         return result
 
     def identity_minutes(self, identity: str, last: int, now_minute: int) -> list[MinuteUsage]:

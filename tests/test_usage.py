@@ -49,7 +49,9 @@ def test_counts_per_minute_tier_and_identity(sink: UsageSink) -> None:
     first, second = sink.minutes(2, minute)
     assert first.tiers == Counter({("global", True): 3, ("user", True): 3, ("user", False): 1})
     assert first.identities == Counter({"id=ada": 3, "ip=1.2.3.4": 1})  # requests
+    assert first.requests == Counter({True: 3, False: 1})
     assert second.tiers == Counter({("ai_inference", False): 1})
+    assert second.requests == Counter({False: 1})
     ada = sink.identity_minutes("id=ada", 2, minute)
     assert [m.tiers for m in ada] == [
         Counter({("global", True): 3, ("user", True): 3}),
