@@ -7,12 +7,19 @@ needed. At first start it creates one demo client per plan and prints their API
 keys (only hashes are stored: note them). Manage plans and clients with
 ``flask --app wsgi quota ...``; ``flask --app wsgi db upgrade`` applies the
 migrations in ``migrations/``.
+
+The operator dashboard is mounted at ``/quota`` (``QUOTA_DASHBOARD_URL``). Its
+login is user ``ops`` with ``DEMO_DASHBOARD_PASSWORD``, or ``QUOTA_DASHBOARD_USERS``
+(JSON of Werkzeug hashes); with neither, a password is generated at first start,
+printed, and kept in ``instance/dashboard-login.txt``. Never a fixed default.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +27,7 @@ import click
 from flask import Flask, jsonify, request
 from flask_migrate import Migrate
 from sqlalchemy.exc import IntegrityError
+from werkzeug.security import generate_password_hash
 
 from flask_quota import Quota
 from flask_quota.admin import AdminError, QuotaAdmin
@@ -29,8 +37,15 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     app = Flask(__name__, instance_relative_config=True)
+    instance = Path(app.instance_path)
+    app.config["QUOTA_DASHBOARD_URL"] = "/quota"
     app.config.update({k: v for k, v in os.environ.items() if k.startswith("QUOTA_")})
     app.config.update(config or {})
+    if app.config["QUOTA_DASHBOARD_URL"]:
+        app.secret_key = os.environ.get("SECRET_KEY") or _kept(instance / "secret-key.txt")
+        if not app.config.get("QUOTA_DASHBOARD_USERS"):
+            password = os.environ.get("DEMO_DASHBOARD_PASSWORD") or _dashboard_password(instance)
+            app.config["QUOTA_DASHBOARD_USERS"] = {"ops": generate_password_hash(password)}
     quota = Quota(app)  # API keys are looked up in the quota tables
     Migrate().init_app(app, directory=str(MIGRATIONS))
     if click.get_current_context(silent=True) is None:
@@ -68,6 +83,40 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         return jsonify(status="ok")
 
     return app
+
+
+def _kept(path: Path, announce: str | None = None) -> str:
+    """A random secret made once and kept in ``path`` (0600); every worker reads the same.
+
+    Several workers start at once: the first creates the file exclusively.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        for _ in range(50):
+            value = path.read_text().strip()
+            if value:
+                return value
+            time.sleep(0.1)
+        raise RuntimeError(f"{path} is empty: delete it and start again") from None
+    value = secrets.token_urlsafe(24)
+    with os.fdopen(fd, "w") as file:
+        file.write(value + "\n")
+    if announce:
+        print(announce.format(value=value, path=path), file=sys.stderr)
+    return value
+
+
+def _dashboard_password(instance: Path) -> str:
+    path = instance / "dashboard-login.txt"
+    if path.exists():
+        print(f"flask-quota dashboard: /quota, user 'ops', password in {path}", file=sys.stderr)
+    return _kept(
+        path,
+        "flask-quota dashboard: log in at /quota as 'ops' with password {value} "
+        "(kept in {path}; set DEMO_DASHBOARD_PASSWORD to choose your own)",
+    )
 
 
 def _demo_clients(app: Flask) -> None:
