@@ -9,20 +9,31 @@ a slot; over-long parts are replaced by a digest.
 from __future__ import annotations
 
 import hashlib
+import re
+from functools import lru_cache
 from urllib.parse import quote
 
 from .algorithms import Algorithm
+from .identity import client_ip
 
-__all__ = ["KeyBuilder", "escape"]
+__all__ = ["KeyBuilder", "escape", "remote_ip_tag"]
 
 _MAX_PART = 128
+_SAFE = "._-~@=+"
+# Exactly the characters ``quote(part, safe=_SAFE)`` leaves as they are.
+_UNCHANGED_RE = re.compile(rf"[A-Za-z0-9._\-~@=+]{{0,{_MAX_PART}}}")
 
 
 def escape(part: str) -> str:
-    encoded = quote(part, safe="._-~@=+")
+    if _UNCHANGED_RE.fullmatch(part):
+        return part  # fast path: what quote() would return, without encoding
+    raw = part.encode("utf-8", "surrogatepass")  # lone surrogates (from JSON) still encode
+    encoded = quote(raw, safe=_SAFE)
     if len(encoded) <= _MAX_PART:
         return encoded
-    return "sha256=" + hashlib.sha256(part.encode("utf-8", "surrogatepass")).hexdigest()
+    # quote() only ever writes "%" before two hex digits, so "%h" cannot be the
+    # escape of any input: no identity can pose as another one's digest.
+    return "%h" + hashlib.sha256(raw).hexdigest()
 
 
 class KeyBuilder:
@@ -46,3 +57,10 @@ class KeyBuilder:
 
     def endpoint_key(self, tag: str, method: str, resource: str, algorithm: Algorithm) -> str:
         return f"{self.prefix}:{{{tag}}}:e:{escape(method)}:{escape(resource)}:{algorithm.code}"
+
+
+@lru_cache(maxsize=8192)
+def remote_ip_tag(remote_addr: str | None) -> str:
+    """``KeyBuilder.ip_tag(client_ip(remote_addr))``: the global tier's tag for a
+    ``request.remote_addr``, cached because parsing an address is costly."""
+    return KeyBuilder.ip_tag(client_ip(remote_addr))

@@ -17,7 +17,7 @@ _UNIT_NAMES = {1: "second", 60: "minute", 3600: "hour", 86400: "day"}
 
 _RATE_RE = re.compile(
     r"""^\s*(?P<limit>\d{1,12})\s*(?:/|\s+per\s+)\s*
-        (?:(?P<mult>\d{1,6})\s*)?(?P<unit>[a-z]{1,10})\s*
+        (?:(?P<mult>\d{1,9})\s*)?(?P<unit>[a-z]{1,10})\s*
         (?:;\s*burst\s*=\s*(?P<burst>\d{1,12})\s*)?$""",
     re.IGNORECASE | re.VERBOSE | re.ASCII,
 )
@@ -61,15 +61,20 @@ class Rate:
             return self.window
         return max(1, -(-self.burst * self.window // self.limit))
 
+    def _period(self) -> str:
+        """``minute``, ``5 minutes``, ``278 hours``: the largest unit that divides the window."""
+        for seconds in (86400, 3600, 60, 1):
+            if self.window % seconds == 0:
+                count, unit = self.window // seconds, _UNIT_NAMES[seconds]
+                return unit if count == 1 else f"{count} {unit}s"
+        raise AssertionError("unreachable: every window is whole seconds")
+
     def per(self) -> str:
         """Human wording, e.g. ``"30 per minute"``."""
-        unit = _UNIT_NAMES.get(self.window)
-        period = unit if unit else f"{self.window} seconds"
-        return f"{self.limit} per {period}"
+        return f"{self.limit} per {self._period()}"
 
     def __str__(self) -> str:
-        unit = _UNIT_NAMES.get(self.window)
-        text = f"{self.limit}/{unit}" if unit else f"{self.limit}/{self.window} seconds"
+        text = f"{self.limit}/{self._period()}"
         return text if self.burst is None else f"{text}; burst={self.burst}"
 
 
