@@ -41,15 +41,18 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     app.config["QUOTA_DASHBOARD_URL"] = "/quota"
     app.config.update({k: v for k, v in os.environ.items() if k.startswith("QUOTA_")})
     app.config.update(config or {})
+    # Serving, not a `flask ...` command: only then announce logins and make demo clients.
+    serving = click.get_current_context(silent=True) is None
     if app.config["QUOTA_DASHBOARD_URL"]:
         app.secret_key = os.environ.get("SECRET_KEY") or _kept(instance / "secret-key.txt")
         if not app.config.get("QUOTA_DASHBOARD_USERS"):
-            password = os.environ.get("DEMO_DASHBOARD_PASSWORD") or _dashboard_password(instance)
+            password = os.environ.get("DEMO_DASHBOARD_PASSWORD") or _dashboard_password(
+                instance, announce=serving
+            )
             app.config["QUOTA_DASHBOARD_USERS"] = {"ops": generate_password_hash(password)}
     quota = Quota(app)  # API keys are looked up in the quota tables
     Migrate().init_app(app, directory=str(MIGRATIONS))
-    if click.get_current_context(silent=True) is None:
-        # Serving, not `flask db ...`: a migration command must find the database as is.
+    if serving:  # a `flask db ...` command must find the database as it is
         with app.app_context():
             _demo_clients(app)
 
@@ -108,8 +111,10 @@ def _kept(path: Path, announce: str | None = None) -> str:
     return value
 
 
-def _dashboard_password(instance: Path) -> str:
+def _dashboard_password(instance: Path, *, announce: bool) -> str:
     path = instance / "dashboard-login.txt"
+    if not announce:
+        return _kept(path)
     if path.exists():
         print(f"flask-quota dashboard: /quota, user 'ops', password in {path}", file=sys.stderr)
     return _kept(

@@ -21,6 +21,15 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'
 
+if [ -z "${QUOTA_TEST_DATABASE_URL:-}" ]; then
+  if url=$(bash scripts/postgres.sh); then
+    export QUOTA_TEST_DATABASE_URL="$url"
+    echo "PostgreSQL for the SQL tests: $url"
+  else
+    echo "!!! no PostgreSQL reachable: the PostgreSQL variants of the SQL tests will be SKIPPED"
+  fi
+fi
+
 echo "== ruff"; .venv/bin/ruff check .
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest"; exec .venv/bin/python -m pytest "$@"

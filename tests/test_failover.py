@@ -45,6 +45,9 @@ def quota_app(app: Flask, server: RedisServer, mode: str, **config: object) -> F
         QUOTA_PLANS={"test": {"user": f"{LIMIT}/minute"}},
         QUOTA_DEFAULT_PLAN="test",
         QUOTA_ANONYMOUS_PLAN="test",
+        # These tests are about the fail modes; a cached denial (tests/test_denycache.py)
+        # would rightly keep a denied caller denied through the outage.
+        QUOTA_DENY_CACHE=False,
         **config,
     )
     Quota(app)

@@ -38,6 +38,7 @@ def quota_env(
         "QUOTA_ANONYMOUS_PLAN": "exact",
         "QUOTA_FAIL_MODE": "open",
         "QUOTA_STORAGE_TIMEOUT": "0.5",
+        "QUOTA_DENY_CACHE": "false",  # fail-open is under test, not the deny cache
         "GUNICORN_LOG": str(tmp_path / "gunicorn.log"),
     }
 
