@@ -108,21 +108,11 @@ class Policy:
         ``cost`` weighs the endpoint tier only: the global and user tiers count
         requests, the endpoint tier counts the work a request asks for.
         """
-        algorithm = self.algorithm
-        checks = []
-        if plan.global_rate is not None:
-            key = self.keys.global_key(ip_tag, algorithm)
-            checks.append(
-                TierCheck(Tier.GLOBAL, "global", Check(key, algorithm, plan.global_rate, 1))
-            )
-        if plan.user_rate is not None:
-            key = self.keys.user_key(identity_tag, algorithm)
-            checks.append(TierCheck(Tier.USER, "user", Check(key, algorithm, plan.user_rate, 1)))
+        checks = self._caller_checks(plan, ip_tag, identity_tag, 1)
         if spec is not None and resource is not None:
-            rate = plan.resources.get(resource) or spec.rate
-            if rate is not None:
-                key = self.keys.endpoint_key(identity_tag, method, resource, algorithm)
-                checks.append(TierCheck(Tier.ENDPOINT, resource, Check(key, algorithm, rate, cost)))
+            check = self._endpoint_check(plan, identity_tag, method, resource, spec, cost, resource)
+            if check is not None:
+                checks.append(check)
         return checks
 
     def inspection_checks(
@@ -135,20 +125,40 @@ class Policy:
         at usage and for resets. The global tier is per IP, so it is included
         only when the tag is an IP's. ``endpoints`` are (method, resource, spec).
         """
-        algorithm = self.algorithm
-        checks = []
-        if plan.global_rate is not None and tag.startswith("ip="):
-            key = self.keys.global_key(tag, algorithm)
-            checks.append(
-                TierCheck(Tier.GLOBAL, "global", Check(key, algorithm, plan.global_rate, 0))
-            )
+        checks = self._caller_checks(plan, tag if tag.startswith("ip=") else None, tag, 0)
+        for method, resource, spec in endpoints:
+            name = f"{resource} ({method})"
+            check = self._endpoint_check(plan, tag, method, resource, spec, 0, name)
+            if check is not None:
+                checks.append(check)
+        return checks
+
+    def _caller_checks(
+        self, plan: Plan, ip_tag: str | None, tag: str, cost: int
+    ) -> list[TierCheck]:
+        algorithm, checks = self.algorithm, []
+        if plan.global_rate is not None and ip_tag is not None:
+            key = self.keys.global_key(ip_tag, algorithm)
+            check = Check(key, algorithm, plan.global_rate, cost)
+            checks.append(TierCheck(Tier.GLOBAL, "global", check))
         if plan.user_rate is not None:
             key = self.keys.user_key(tag, algorithm)
-            checks.append(TierCheck(Tier.USER, "user", Check(key, algorithm, plan.user_rate, 0)))
-        for method, resource, spec in endpoints:
-            rate = plan.resources.get(resource) or spec.rate
-            if rate is not None:
-                key = self.keys.endpoint_key(tag, method, resource, algorithm)
-                name = f"{resource} ({method})"
-                checks.append(TierCheck(Tier.ENDPOINT, name, Check(key, algorithm, rate, 0)))
+            checks.append(TierCheck(Tier.USER, "user", Check(key, algorithm, plan.user_rate, cost)))
         return checks
+
+    def _endpoint_check(
+        self,
+        plan: Plan,
+        tag: str,
+        method: str,
+        resource: str,
+        spec: LimitSpec,
+        cost: int,
+        name: str,
+    ) -> TierCheck | None:
+        """The plan's rate for ``resource`` wins over the decorator's literal rate."""
+        rate = plan.resources.get(resource) or spec.rate
+        if rate is None:
+            return None
+        key = self.keys.endpoint_key(tag, method, resource, self.algorithm)
+        return TierCheck(Tier.ENDPOINT, name, Check(key, self.algorithm, rate, cost))
