@@ -31,7 +31,7 @@ from .usage import UsageRecorder, usage_sink
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
 
-__all__ = ["Quota", "QuotaState", "get_state", "limited_endpoints"]
+__all__ = ["Quota", "QuotaState", "exempt", "get_state", "limited_endpoints"]
 
 log = logging.getLogger("flask_quota")
 
@@ -66,6 +66,12 @@ def get_state(app: Flask | None = None) -> QuotaState:
             "Quota(app) or quota.init_app(app)?"
         ) from None
     return state
+
+
+def exempt(view: F) -> F:
+    """Mark a view as exempt from every tier (``@quota.exempt`` without an instance)."""
+    setattr(view, _EXEMPT_ATTR, True)
+    return view
 
 
 def limited_endpoints(app: Flask) -> list[tuple[str, str, LimitSpec]]:
@@ -152,6 +158,10 @@ class Quota:
         )
         app.before_request(self._before_request)
         app.after_request(self._after_request)
+        if settings.dashboard_url is not None:
+            from dashboard import make_blueprint  # the dashboard is loaded only when mounted
+
+            app.register_blueprint(make_blueprint(), url_prefix=settings.dashboard_url)
         if self._api_key_loader is None:
             self._api_key_loader = _sql_api_key  # a loader registered later replaces it
         from .cli import quota_cli  # cli.py imports this module
@@ -201,8 +211,7 @@ class Quota:
 
     def exempt(self, view: F) -> F:
         """No tier applies to this view."""
-        setattr(view, _EXEMPT_ATTR, True)
-        return view
+        return exempt(view)
 
     def identity_loader(
         self, loader: Callable[[], Identity | None]
@@ -236,7 +245,9 @@ class Quota:
             return
         endpoint = request.endpoint
         view = current_app.view_functions.get(endpoint) if endpoint else None
-        if endpoint == "static" or getattr(view, _EXEMPT_ATTR, False):
+        if endpoint is not None and endpoint.rpartition(".")[2] == "static":
+            return  # static files (the app's and blueprints') are not the API
+        if getattr(view, _EXEMPT_ATTR, False):
             return
         spec: LimitSpec | None = getattr(view, _LIMIT_ATTR, None)
 
