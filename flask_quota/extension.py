@@ -17,9 +17,9 @@ from .breaker import CircuitBreaker
 from .denycache import DenyCache
 from .errors import InvalidApiKey, QuotaExceeded
 from .failover import GuardedStorage
-from .headers import rate_limit_headers
-from .identity import Identity, client_ip, plausible_api_key
-from .keys import KeyBuilder
+from .headers import apply_headers, rate_limit_headers
+from .identity import Identity, plausible_api_key
+from .keys import KeyBuilder, remote_ip_tag
 from .plans import PlanCatalog
 from .policy import Decision, LimitSpec, Policy
 from .rates import Rate, parse_rate
@@ -252,7 +252,7 @@ class Quota:
         spec: LimitSpec | None = getattr(view, _LIMIT_ATTR, None)
 
         identity = self._identify(settings)
-        ip_tag = KeyBuilder.ip_tag(client_ip(request.remote_addr))
+        ip_tag = remote_ip_tag(request.remote_addr)
         catalog = state.catalog()
         if identity is None:
             tag = ip_tag
@@ -316,8 +316,7 @@ class Quota:
         decision: Decision | None = g.pop("_quota", None)
         if decision is not None:
             state = get_state()
-            for name, value in rate_limit_headers(decision, state.settings.headers):
-                response.headers[name] = value
+            apply_headers(response.headers, rate_limit_headers(decision, state.settings.headers))
             if state.usage is not None:
                 state.usage.record(g._quota_who, decision.plan, decision.usage_outcomes())
         return response

@@ -13,6 +13,7 @@ from .base import Check, Clock, Verdict, wall_clock_us
 __all__ = ["MemoryStorage"]
 
 _SLOT_US = 1_000_000  # expiry is swept in one-second slots
+_COMPACT_MIN = 4096  # tables smaller than this are never rebuilt
 
 
 class MemoryStorage:
@@ -31,6 +32,7 @@ class MemoryStorage:
         self._data: dict[str, tuple[Any, int]] = {}  # key -> (state, expires_at_us)
         self._slots: dict[int, set[str]] = {}  # slot -> keys expiring in it
         self._slot_heap: list[int] = []
+        self._high = 0  # most keys seen at a sweep since the tables were last rebuilt
 
     def __len__(self) -> int:
         return len(self._data)
@@ -64,13 +66,17 @@ class MemoryStorage:
         with self._lock:
             now = self._clock()
             self._sweep(now)
+            data = self._data
             steps: list[Step] = []
+            allowed = True
             for check in checks:
-                entry = self._data.get(check.key)
+                entry = data.get(check.key)
                 state = entry[0] if entry is not None and entry[1] > now else None
-                steps.append(ALGORITHMS[check.algorithm](state, now, check.rate, check.cost))
-            verdict = Verdict(now, tuple(step.outcome for step in steps))
-            if commit and verdict.allowed:
+                step = ALGORITHMS[check.algorithm](state, now, check.rate, check.cost)
+                allowed = allowed and step.outcome.allowed
+                steps.append(step)
+            verdict = Verdict(now, tuple([step.outcome for step in steps]))
+            if commit and allowed:
                 for check, step in zip(checks, steps, strict=True):
                     self._store(check.key, step, now)
             return verdict
@@ -102,6 +108,17 @@ class MemoryStorage:
         # A key in slot s expired before s * _SLOT_US, so the whole slot can go.
         current = now // _SLOT_US
         heap = self._slot_heap
+        if not heap or heap[0] > current:
+            return
+        data = self._data
+        self._high = max(self._high, len(data))
         while heap and heap[0] <= current:
             for key in self._slots.pop(heapq.heappop(heap)):
-                del self._data[key]
+                del data[key]
+        # A dict keeps its table when keys are deleted: after a burst of keys has
+        # expired, copy the survivors so the memory goes back (amortised O(1):
+        # only after the key count fell to a quarter).
+        if self._high >= _COMPACT_MIN and len(data) * 4 <= self._high:
+            self._data = dict(data)
+            self._slots = dict(self._slots)
+            self._high = len(data)

@@ -1,0 +1,176 @@
+"""The benchmarked apps: one view, three equivalent limits in each library.
+
+Every app serves ``GET /res`` returning ``"ok"``. A caller is identified by the
+``X-User`` header (the user and endpoint tiers) and by ``REMOTE_ADDR`` (the
+global tier), the same way in both libraries:
+
+========  =====================================  ============================================
+tier      flask-quota                            Flask-Limiter 4.1
+========  =====================================  ============================================
+global    plan ``global`` rate, keyed by IP      ``Limit(shared, scope="global")`` by IP
+user      plan ``user`` rate, keyed by identity  ``Limit(shared, scope="user")`` by X-User
+endpoint  ``@quota.limit(resource="res")``       ``@limiter.limit(per_method=True)`` by X-User
+========  =====================================  ============================================
+
+``tiers=1`` keeps only the endpoint tier, ``tiers=2`` adds the user tier,
+``tiers=3`` all three. Every rate is ``rate``, by default ``1000000/hour`` (never
+reached by a run);
+``deny=True`` makes the endpoint tier ``1/hour``, so after one warm-up request
+every request is denied by the endpoint tier while the other tiers allow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any
+
+from flask import Flask, request
+
+ALLOW = "1000000/hour"
+DENY = "1/hour"
+PATH = "/res"
+RESOURCE = "res"
+USER_HEADER = "X-User"
+
+QUOTA_ALGORITHMS = ("token_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter")
+# Flask-Limiter's strategy closest to each of our algorithms. It has no token
+# bucket; its default strategy (fixed-window) stands in for it.
+LIMITER_STRATEGY = {
+    "token_bucket": "fixed-window",
+    "fixed_window": "fixed-window",
+    "sliding_window_log": "moving-window",
+    "sliding_window_counter": "sliding-window-counter",
+}
+
+_ids = itertools.count()
+
+
+def _prefix(name: str) -> str:
+    """A fresh key prefix per app, so apps sharing one redis-server never share state."""
+    return f"{name}{next(_ids)}p{os.getpid()}"
+
+
+def bare_app() -> Flask:
+    app = Flask("bench_bare")
+
+    @app.get(PATH)
+    def res() -> str:
+        return "ok"
+
+    return app
+
+
+def quota_app(
+    storage_url: str,
+    algorithm: str = "token_bucket",
+    tiers: int = 3,
+    *,
+    deny: bool = False,
+    headers: str = "both",
+    rate: str = ALLOW,
+    deny_cache: bool | None = None,
+) -> Flask:
+    from flask_quota import Identity, Quota
+
+    plan: dict[str, Any] = {"resources": {RESOURCE: DENY if deny else rate}}
+    if tiers >= 2:
+        plan["user"] = rate
+    if tiers >= 3:
+        plan["global"] = rate
+    app = Flask("bench_quota")
+    prefix = _prefix("q")
+    app.config["BENCH_KEYS"] = f"{prefix}:*"  # every storage key of this app
+    app.config.update(
+        QUOTA_STORAGE_URL=storage_url,
+        QUOTA_ALGORITHM=algorithm,
+        QUOTA_PLANS={"b": plan},
+        QUOTA_DEFAULT_PLAN="b",
+        QUOTA_ANONYMOUS_PLAN="b",
+        QUOTA_HEADERS=headers,
+        QUOTA_KEY_PREFIX=prefix,
+        # A failed storage call must show up as an error, never as a fast
+        # fail-open pass; Flask-Limiter's client has no timeout, so ours is generous.
+        QUOTA_FAIL_MODE="closed",
+        QUOTA_STORAGE_TIMEOUT=5.0,
+        # Plans are served from SQL: give each app its own in-memory database (apps
+        # must not share plans through a SQLite file), polled at the slowest allowed
+        # interval because one benchmark process holds dozens of apps.
+        QUOTA_DATABASE_URL="sqlite://",
+        QUOTA_SYNC_INTERVAL=1.5,
+    )
+    if deny_cache is not None:  # default on: repeated denials are answered in-process
+        app.config["QUOTA_DENY_CACHE"] = deny_cache
+    quota = Quota(app)
+
+    @quota.identity_loader
+    def identity() -> Identity | None:
+        user = request.headers.get(USER_HEADER)
+        return Identity(user, "b") if user else None
+
+    @app.get(PATH)
+    @quota.limit(resource=RESOURCE)
+    def res() -> str:
+        return "ok"
+
+    return app
+
+
+def limiter_app(
+    storage_uri: str,
+    strategy: str = "fixed-window",
+    tiers: int = 3,
+    *,
+    deny: bool = False,
+    headers: bool = False,
+    rate: str = ALLOW,
+) -> Flask:
+    from flask_limiter import Limit, Limiter
+
+    def ip() -> str:
+        return request.remote_addr or "127.0.0.1"  # flask_limiter.util.get_remote_address
+
+    def user() -> str:
+        return request.headers.get(USER_HEADER) or ip()
+
+    defaults = []
+    if tiers >= 3:
+        defaults.append(Limit(rate, key_function=ip, shared=True, scope="global", cost=1))
+    if tiers >= 2:
+        defaults.append(Limit(rate, key_function=user, shared=True, scope="user", cost=1))
+    app = Flask("bench_limiter")
+    prefix = _prefix("fl")
+    app.config["BENCH_KEYS"] = f"*LIMITER/{prefix}/*"  # limits adds "LIMITS:{...}"
+    limiter = Limiter(
+        ip,
+        app=app,
+        default_limits=defaults,  # type: ignore[arg-type]
+        storage_uri=storage_uri,
+        strategy=strategy,
+        headers_enabled=headers,
+        key_prefix=prefix,
+    )
+
+    @app.get(PATH)
+    @limiter.limit(DENY if deny else rate, key_func=user, per_method=True, override_defaults=False)
+    def res() -> str:
+        return "ok"
+
+    return app
+
+
+def gunicorn_app() -> Flask:
+    """Factory for ``gunicorn 'bench.apps:gunicorn_app()'``, configured by BENCH_* variables."""
+    kind = os.environ["BENCH_APP"]
+    url = os.environ.get("BENCH_REDIS_URL", "memory://")
+    if kind == "bare":
+        return bare_app()
+    if kind == "quota":
+        return quota_app(url, os.environ.get("BENCH_ALGORITHM", "token_bucket"))
+    if kind == "limiter":
+        return limiter_app(
+            url,
+            os.environ.get("BENCH_STRATEGY", "fixed-window"),
+            headers=os.environ.get("BENCH_HEADERS") == "1",
+        )
+    raise ValueError(f"BENCH_APP={kind!r}: use bare, quota or limiter")
