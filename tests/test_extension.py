@@ -351,3 +351,30 @@ def test_every_algorithm_enforces_through_the_app(
     _, http = make_app(app, clock, QUOTA_ALGORITHM=algorithm)
     statuses = [http.post("/infer").status_code for _ in range(6)]
     assert statuses == [200] * 5 + [429]
+
+
+def test_headers_stay_valid_for_any_endpoint_name(app: Flask, clock: FrozenClock) -> None:
+    """A non-ASCII endpoint name is shown as printable ASCII in every header."""
+    app.config["QUOTA_PLANS"] = {"free": {"user": "9/minute"}}
+    quota = Quota(app, storage=MemoryStorage(clock))
+
+    def view() -> str:
+        return "ok"
+
+    app.add_url_rule("/cafe", endpoint='caf\u00e9"\\', view_func=quota.limit("2/minute")(view))
+    headers = app.test_client().get("/cafe").headers
+    assert headers["X-RateLimit-Resource"] == 'caf?"\\'
+    assert headers["RateLimit"] == '"caf?\\"\\\\";r=1;t=30'
+
+
+def test_app_set_rate_limit_headers_are_replaced(app: Flask, clock: FrozenClock) -> None:
+    """If the view already set a rate-limit header, ours replaces it (no duplicates)."""
+    app.config["QUOTA_PLANS"] = {"free": {"user": "9/minute"}}
+    Quota(app, storage=MemoryStorage(clock))
+
+    @app.get("/own")
+    def own() -> tuple[str, int, dict[str, str]]:
+        return "ok", 200, {"X-RateLimit-Limit": "1000"}
+
+    response = app.test_client().get("/own")
+    assert response.headers.getlist("X-RateLimit-Limit") == ["9"]
