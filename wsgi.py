@@ -83,7 +83,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     @app.get("/healthz")
     @quota.exempt
     def health() -> Any:
-        return jsonify(status="ok")
+        return jsonify(status="ok", worker=os.getpid())
 
     return app
 

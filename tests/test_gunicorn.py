@@ -47,10 +47,30 @@ def quota_env(
 def gunicorn(env: dict[str, str], workers: int) -> Iterator[Gunicorn]:
     server = Gunicorn(env, workers=workers)
     try:
-        get(server.port, "/healthz", timeout=60)  # workers import the app: slow on a busy box
+        wait_for_workers(server.port, workers)
         yield server
     finally:
         server.stop()
+
+
+def wait_for_workers(port: int, workers: int, timeout: float = 60.0) -> None:
+    """Wait until every worker has answered the exempt /healthz (booting is slow on a
+    busy box): otherwise the first worker up may serve a whole burst alone."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+
+    def worker_pid(_: int) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        try:
+            conn.request("GET", "/healthz")
+            return int(json.loads(conn.getresponse().read())["worker"])
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(2 * workers) as pool:
+        while len(seen) < workers and time.monotonic() < deadline:
+            seen.update(pool.map(worker_pid, range(2 * workers)))
+            time.sleep(0.05)
 
 
 def get(port: int, path: str = "/v1/items", timeout: float = 30.0) -> int:
