@@ -144,25 +144,12 @@ class PlanRecord(Model):
         return value
 
 
-class PlanLimit(Model):
-    """One rate of a plan: a tier (``endpoint`` rows name their resource)."""
+class _TierRate:
+    """A rate for a tier (and, for the endpoint tier, a resource): validated on write."""
 
-    __tablename__ = "quota_plan_limits"
-    __table_args__ = (
-        UniqueConstraint("plan_id", "tier", "resource"),
-        CheckConstraint(f"tier IN ({_TIERS})", name="tier"),
-        CheckConstraint(_RESOURCE_CHECK, name="resource"),
-    )
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    plan_id: Mapped[int] = mapped_column(ForeignKey("quota_plans.id", ondelete="CASCADE"))
     tier: Mapped[str] = mapped_column(String(16))
     resource: Mapped[str] = mapped_column(String(64), default="")  # '' for global and user
     rate: Mapped[str] = mapped_column(String(100))  # canonical text, e.g. "100/minute"
-    algorithm: Mapped[str | None] = mapped_column(String(32))  # None: QUOTA_ALGORITHM
-    shadow: Mapped[bool] = mapped_column(Boolean, default=False)  # reserved: log, don't deny
-
-    plan: Mapped[PlanRecord] = relationship(back_populates="limits")
 
     @validates("tier")
     def _check_tier(self, key: str, value: str) -> str:
@@ -175,6 +162,28 @@ class PlanLimit(Model):
     def _check_rate(self, key: str, value: str) -> str:
         return str(parse_rate(value))
 
+    @validates("resource")
+    def _check_resource(self, key: str, value: str) -> str:
+        return _resource_for(self.tier, value) if self.tier is not None else value
+
+
+class PlanLimit(_TierRate, Model):
+    """One rate of a plan: a tier (``endpoint`` rows name their resource)."""
+
+    __tablename__ = "quota_plan_limits"
+    __table_args__ = (
+        UniqueConstraint("plan_id", "tier", "resource"),
+        CheckConstraint(f"tier IN ({_TIERS})", name="tier"),
+        CheckConstraint(_RESOURCE_CHECK, name="resource"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    plan_id: Mapped[int] = mapped_column(ForeignKey("quota_plans.id", ondelete="CASCADE"))
+    algorithm: Mapped[str | None] = mapped_column(String(32))  # None: QUOTA_ALGORITHM
+    shadow: Mapped[bool] = mapped_column(Boolean, default=False)  # reserved: log, don't deny
+
+    plan: Mapped[PlanRecord] = relationship(back_populates="limits")
+
     @validates("algorithm")
     def _check_algorithm(self, key: str, value: str | None) -> str | None:
         if value is None:
@@ -183,10 +192,6 @@ class PlanLimit(Model):
             return Algorithm(value).value
         except ValueError:
             raise ValueError(f"unknown algorithm {value!r}: use one of {_ALGORITHMS}") from None
-
-    @validates("resource")
-    def _check_resource(self, key: str, value: str) -> str:
-        return _resource_for(self.tier, value) if self.tier is not None else value
 
 
 class Client(Model):
@@ -215,7 +220,7 @@ class Client(Model):
         return value.strip()
 
 
-class Override(Model):
+class Override(_TierRate, Model):
     """A client's own rate for one tier (and resource), until ``expires_at`` if set."""
 
     __tablename__ = "quota_overrides"
@@ -227,28 +232,10 @@ class Override(Model):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     client_id: Mapped[int] = mapped_column(ForeignKey("quota_clients.id", ondelete="CASCADE"))
-    tier: Mapped[str] = mapped_column(String(16))
-    resource: Mapped[str] = mapped_column(String(64), default="")  # '' for global and user
-    rate: Mapped[str] = mapped_column(String(100))
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     client: Mapped[Client] = relationship(back_populates="overrides")
-
-    @validates("tier")
-    def _check_tier(self, key: str, value: str) -> str:
-        tier = _tier(value)
-        if self.resource is not None:
-            _resource_for(tier, self.resource)
-        return tier
-
-    @validates("rate")
-    def _check_rate(self, key: str, value: str) -> str:
-        return str(parse_rate(value))
-
-    @validates("resource")
-    def _check_resource(self, key: str, value: str) -> str:
-        return _resource_for(self.tier, value) if self.tier is not None else value
 
 
 class AuditEntry(Model):
