@@ -48,8 +48,7 @@ def client_id_of(tag: str) -> str | None:
     if not tag.startswith("id=") or not tag[3:].isdigit():
         return None
     state = get_state()
-    client_plan = getattr(state.catalog(), "client_plan", None)
-    return tag[3:] if client_plan is not None and client_plan(tag[3:]) else None
+    return tag[3:] if state.catalog().client_plan(tag[3:]) else None
 
 
 def plans_page(error: str | None = None, status: int = 200) -> tuple[str, int]:

@@ -65,8 +65,7 @@ def identity_plan(state: QuotaState, tag: str, known: dict[str, str] | None = No
     if tag.startswith("ip="):
         return catalog.resolve(settings.anonymous_plan, None, fallback=settings.default_plan)
     identity_id = unquote(tag[3:])
-    client_plan = getattr(catalog, "client_plan", None)  # the SQL catalog knows its clients
-    name = client_plan(identity_id) if client_plan is not None else None
+    name = catalog.client_plan(identity_id)
     if name is None:
         plans = known if known is not None else _plans_of(state, [tag])
         name = plans.get(tag, settings.default_plan)

@@ -58,6 +58,10 @@ class PlanCatalog(Mapping[str, Plan]):
         """
         return self._plans.get(plan) or self._plans[fallback]
 
+    def client_plan(self, client_id: str) -> str | None:
+        """The plan of a known API client; a catalog without clients knows none."""
+        return None
+
     def upgrade_hint(self, plan: str, tier: Tier, resource: str | None) -> str | None:
         """``"Pro raises this to 30 per minute: see /pricing"``, or the plan's own text."""
         current = self._plans.get(plan)
