@@ -28,7 +28,7 @@ SAMPLE = 4096  # distinct request slots per case: callers drawn from the populat
 
 
 def _populate(app: Flask, population: int) -> None:
-    from flask_quota.extension import get_state
+    from flask_quota.state import get_state
     from flask_quota.storage.redis import SCRIPT, RedisStorage
 
     storage = get_state(app).storage

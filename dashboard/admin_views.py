@@ -24,7 +24,7 @@ from flask import (
 )
 
 from flask_quota.admin import AdminError, QuotaAdmin, parse_duration
-from flask_quota.extension import get_state
+from flask_quota.state import get_state
 from flask_quota.tiers import Tier
 
 __all__ = ["ADMIN_ROUTES", "admin", "client_id_of"]

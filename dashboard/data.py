@@ -10,9 +10,9 @@ from urllib.parse import unquote
 
 from flask import Flask
 
-from flask_quota.extension import QuotaState, limited_endpoints
 from flask_quota.plans import Plan
 from flask_quota.policy import TierCheck
+from flask_quota.state import QuotaState, limited_endpoints
 from flask_quota.storage import StorageError
 from flask_quota.usage import HOUR, MinuteUsage
 

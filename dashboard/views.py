@@ -22,7 +22,7 @@ from flask.blueprints import BlueprintSetupState
 from flask_wtf.csrf import CSRFError, generate_csrf, validate_csrf
 from wtforms import ValidationError
 
-from flask_quota.extension import exempt, get_state
+from flask_quota.state import exempt, get_state
 from flask_quota.storage import StorageError
 from flask_quota.usage import HOUR
 

@@ -10,16 +10,16 @@ changes nothing.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from . import apikeys
-from .models import RESOURCE_RE, AuditEntry, Client, Override, PlanLimit, PlanRecord, utcnow
-from .rates import parse_rate
+from . import apikeys, validators
+from .models import AuditEntry, Client, Override, PlanLimit, PlanRecord, utcnow
 from .sql_store import SqlStore
 from .tiers import Tier
 
@@ -33,6 +33,8 @@ __all__ = [
     "QuotaAdmin",
     "parse_duration",
 ]
+
+T = TypeVar("T")
 
 _DURATION_RE = re.compile(r"(?P<n>[+-]?\d{1,9})\s*(?P<unit>[smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -289,39 +291,28 @@ class QuotaAdmin:
 # -- validation and lookups ---------------------------------------------------
 
 
-def _tier(value: str) -> str:
+def _checked(check: Callable[..., T], *args: Any) -> T:
+    """Run one of ``validators``' checks; its ``ValueError`` becomes an ``AdminError``."""
     try:
-        return Tier(value.strip().lower()).value
-    except ValueError:
-        raise AdminError(f"unknown tier {value!r}: use global, user or endpoint") from None
-
-
-def _resource(tier: str, resource: str | None) -> str:
-    if tier == Tier.ENDPOINT.value:
-        if resource is None:
-            raise AdminError(
-                "the endpoint tier needs --resource NAME, e.g. --resource ai_inference"
-            )
-        if not RESOURCE_RE.fullmatch(resource):
-            raise AdminError(f"resource {resource!r} must be 1-64 characters of A-Z a-z 0-9 _ . -")
-        return resource
-    if resource:
-        raise AdminError(f"the {tier} tier covers every resource; drop --resource")
-    return ""
-
-
-def _rate(text: str) -> str:
-    try:
-        return str(parse_rate(text))
+        return check(*args)
     except ValueError as exc:
         raise AdminError(str(exc)) from None
 
 
+def _tier(value: str) -> str:
+    return _checked(validators.tier_name, value).value
+
+
+def _resource(tier: str, resource: str | None) -> str:
+    return _checked(validators.tier_resource, tier, resource)[1]
+
+
+def _rate(text: str) -> str:
+    return _checked(validators.rate_text, text)
+
+
 def _client_name(name: str) -> str:
-    name = name.strip()
-    if not name or len(name) > 200 or not name.isprintable():
-        raise AdminError("a client name must be 1-200 printable characters")
-    return name
+    return _checked(validators.client_name, name)
 
 
 def _positive_id(value: int | str, what: str) -> int:

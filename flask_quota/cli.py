@@ -19,12 +19,11 @@ from flask import current_app
 from flask.cli import AppGroup
 from sqlalchemy.exc import SQLAlchemyError
 
+from . import inspection
 from .admin import AdminError, QuotaAdmin, parse_duration
-from .extension import QuotaState, get_state, limited_endpoints
-from .identity import client_ip
-from .keys import KeyBuilder
 from .policy import TierCheck
 from .sql_store import SqlStore, TablesMissing
+from .state import QuotaState, get_state
 from .storage import StorageError
 
 __all__ = ["quota_cli"]
@@ -82,10 +81,7 @@ def _state() -> QuotaState:
 
 
 def _store() -> SqlStore:
-    store = _state().sql
-    if store is None:  # only a hand-built QuotaState lacks it
-        raise click.ClickException("flask-quota has no SQL store on this app")
-    return store
+    return _state().sql
 
 
 def _admin(actor: str) -> QuotaAdmin:
@@ -243,29 +239,14 @@ def overrides_remove(override_id: str, actor: str) -> None:
 
 def _buckets(identity: str | None, ip: str | None, plan_name: str | None) -> list[TierCheck]:
     """The cost-0 checks over every bucket the request path would use for this caller."""
-    if identity is None and ip is None:
-        raise AdminError("name an IDENTITY (e.g. a client id), or --ip ADDRESS, or both")
     state = _state()
-    settings = state.settings
-    snapshot = _store().load()  # fresh from SQL; a CLI process starts no poller
-    if plan_name is not None and plan_name not in snapshot:
-        raise AdminError(f"unknown plan {plan_name!r}; known plans: {', '.join(snapshot)}")
-    if identity is not None:
-        name = plan_name or snapshot.client_plan(identity) or settings.default_plan
-    else:
-        name = plan_name or settings.anonymous_plan
-    plan = snapshot.resolve(name, identity, fallback=settings.default_plan)
-    endpoints = limited_endpoints(current_app)
-    ip_tag = KeyBuilder.ip_tag(client_ip(ip)) if ip is not None else None
-    if identity is None:
-        assert ip_tag is not None
-        return state.policy.inspection_checks(plan, ip_tag, endpoints)
-    checks = state.policy.inspection_checks(plan, KeyBuilder.identity_tag(identity), endpoints)
-    if ip_tag is not None:  # the global tier is per IP
-        checks[:0] = [
-            c for c in state.policy.inspection_checks(plan, ip_tag, []) if c.name == "global"
-        ]
-    return checks
+    try:
+        caller = inspection.Caller.of(identity, ip)
+        # Fresh from SQL: a CLI process starts no poller.
+        plan = inspection.plan_of(state, caller, plan=plan_name, catalog=_store().load())
+    except ValueError as exc:
+        raise AdminError(str(exc)) from None
+    return inspection.caller_checks(current_app, state, caller, plan)
 
 
 def _warn_if_memory() -> None:
@@ -291,20 +272,10 @@ def usage(identity: str | None, ip: str | None, plan: str | None) -> None:
     """Show IDENTITY's current buckets without charging them."""
     checks = _buckets(identity, ip, plan)
     _warn_if_memory()
-    storage = _state().storage
-    verdict = storage.peek([c.check for c in checks])
-    rows = []
-    for check, outcome in zip(checks, verdict.outcomes, strict=True):
-        full_in = max(0, -(-(outcome.reset_us - verdict.now_us) // 1_000_000))
-        rows.append(
-            [
-                check.tier.value,
-                check.name,
-                str(check.check.rate),
-                f"{outcome.remaining}/{outcome.limit}",
-                f"{full_in} s",
-            ]
-        )
+    rows = [
+        [b.tier, b.name, b.rate, f"{b.remaining}/{b.limit}", f"{b.reset_in} s"]
+        for b in inspection.peek(_state(), checks)
+    ]
     _table(rows, ["TIER", "NAME", "RATE", "REMAINING", "FULL IN"])
 
 
@@ -318,8 +289,8 @@ def reset(identity: str | None, ip: str | None, actor: str) -> None:
     admin = _admin(actor)
     checks = _buckets(identity, ip, None)
     _warn_if_memory()
-    keys = [c.check.key for c in checks]
-    _state().storage.clear(keys)
     target = f"identity:{identity}" if identity is not None else f"ip:{ip}"
-    admin.record("usage.reset", target, None, {"ip": ip, "buckets": len(keys)})
-    click.echo(f"reset {len(keys)} buckets of {target}")
+    # Audited first: a reset that then fails leaves a record, never a silent change.
+    admin.record("usage.reset", target, None, {"ip": ip, "buckets": len(checks)})
+    count = inspection.reset(_state(), checks)
+    click.echo(f"reset {count} buckets of {target}")

@@ -17,12 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .algorithms import Algorithm, Outcome
+from .clock import US
 from .rates import Rate
 from .storage import Check, Storage, Verdict
 
 __all__ = ["DenyCache"]
-
-US = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from typing import Any
 
 from werkzeug.exceptions import HTTPException, ServiceUnavailable, TooManyRequests, Unauthorized
 
+from .clock import ceil_seconds
 from .policy import Decision
 from .tiers import Tier
 
@@ -68,7 +69,7 @@ class QuotaExceeded(_Problem, TooManyRequests):
         self.window = window
         self.remaining = outcome.remaining
         self.retry_after = max(1, decision.seconds_until(decision.now_us + outcome.retry_after_us))
-        self.reset = -(-outcome.reset_us // 1_000_000)
+        self.reset = ceil_seconds(outcome.reset_us)
         self.upgrade = upgrade
 
     def problem(self) -> dict[str, Any]:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shlex
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from flask import Flask, Request, Response, current_app, g, request
 
+from . import inspection, validators
 from .breaker import CircuitBreaker
 from .denycache import DenyCache
 from .errors import InvalidApiKey, QuotaExceeded
@@ -20,72 +19,22 @@ from .failover import GuardedStorage
 from .headers import apply_headers, rate_limit_headers
 from .identity import Identity, plausible_api_key
 from .keys import KeyBuilder, remote_ip_tag
-from .plans import PlanCatalog
 from .policy import Decision, LimitSpec, Policy
 from .rates import Rate, parse_rate
 from .settings import DEFAULTS, Settings
 from .sql_store import SqlStore
+from .state import EXEMPT_ATTR, LIMIT_ATTR, QuotaState, exempt, get_state, limit_of
 from .storage import Storage, storage_from_url
 from .usage import UsageRecorder, usage_sink
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
 
-__all__ = ["Quota", "QuotaState", "exempt", "get_state", "limited_endpoints"]
+__all__ = ["Quota"]
 
 log = logging.getLogger("flask_quota")
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-_LIMIT_ATTR = "__quota_limit__"
-_EXEMPT_ATTR = "__quota_exempt__"
-_RESOURCE_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-
-
-@dataclass
-class QuotaState:
-    """Everything one app's quota needs, kept in ``app.extensions["quota"]``."""
-
-    quota: Quota
-    settings: Settings
-    storage: Storage
-    guard: GuardedStorage
-    policy: Policy
-    catalog: Callable[[], PlanCatalog]  # swapped for a SQL-backed source by the SQL layer
-    usage: UsageRecorder | None = None  # per-minute counts for the dashboard, when mounted
-    sql: SqlStore | None = None  # plans, clients and overrides in SQL; set by init_app
-
-
-def get_state(app: Flask | None = None) -> QuotaState:
-    app = app or current_app
-    try:
-        state: QuotaState = app.extensions["quota"]
-    except KeyError:
-        raise RuntimeError(
-            "flask-quota is not initialised on this app. Did you forget to call "
-            "Quota(app) or quota.init_app(app)?"
-        ) from None
-    return state
-
-
-def exempt(view: F) -> F:
-    """Mark a view as exempt from every tier (``@quota.exempt`` without an instance)."""
-    setattr(view, _EXEMPT_ATTR, True)
-    return view
-
-
-def limited_endpoints(app: Flask) -> list[tuple[str, str, LimitSpec]]:
-    """(method, resource, spec) for every route with ``@quota.limit``: the endpoint
-    buckets an identity can have, for usage views and resets."""
-    found: dict[tuple[str, str], LimitSpec] = {}
-    for rule in app.url_map.iter_rules():
-        spec = getattr(app.view_functions.get(rule.endpoint), _LIMIT_ATTR, None)
-        if spec is None:
-            continue
-        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            found.setdefault((method, spec.resource or rule.endpoint), spec)
-    return [(method, resource, spec) for (method, resource), spec in sorted(found.items())]
-
 
 def _gunicorn_workers() -> int | None:
     """Workers of the gunicorn serving us, from its command line; None if unknown."""
@@ -152,9 +101,8 @@ class Quota:
             storage=storage,
             guard=GuardedStorage(storage, settings.fail_mode, breaker),
             policy=Policy(KeyBuilder(settings.key_prefix), settings.algorithm),
-            catalog=sql.catalog,
-            usage=usage,
             sql=sql,
+            usage=usage,
         )
         app.before_request(self._before_request)
         app.after_request(self._after_request)
@@ -190,8 +138,8 @@ class Quota:
         callable returning one) weighs the request in the endpoint tier.
         """
         parsed = parse_rate(rate) if rate is not None else None
-        if resource is not None and not _RESOURCE_RE.fullmatch(resource):
-            raise ValueError(f"resource {resource!r} must be 1-64 characters of A-Z a-z 0-9 _ . -")
+        if resource is not None:
+            validators.resource_name(resource)
         if parsed is None and resource is None:
             raise ValueError(
                 "quota.limit() needs a rate such as '10/minute' or a resource whose rate the "
@@ -202,9 +150,9 @@ class Quota:
         spec = LimitSpec(parsed, resource, cost)
 
         def decorator(view: F) -> F:
-            if hasattr(view, _LIMIT_ATTR):
+            if limit_of(view) is not None:
                 raise ValueError(f"{view.__name__} already has a @quota.limit; use one per view")
-            setattr(view, _LIMIT_ATTR, spec)
+            setattr(view, LIMIT_ATTR, spec)
             return view
 
         return decorator
@@ -231,6 +179,32 @@ class Quota:
         self._api_key_loader = loader
         return loader
 
+    # -- inspection -----------------------------------------------------------
+
+    def peek(
+        self, identity: str | None = None, ip: str | None = None
+    ) -> list[inspection.BucketState]:
+        """The current state of every bucket of a caller, charging nothing.
+
+        ``identity`` is an identity or client id; ``ip`` a client address (its
+        global tier; alone, the anonymous caller from that address). Needs an
+        app context. Raises ``StorageError`` when the storage cannot answer.
+        """
+        state = get_state()
+        caller = inspection.Caller.of(identity, ip)
+        plan = inspection.plan_of(state, caller)
+        return inspection.peek(state, inspection.caller_checks(current_app, state, caller, plan))
+
+    def reset(self, identity: str | None = None, ip: str | None = None) -> int:
+        """Empty every bucket of a caller so its limits start afresh; returns how many.
+
+        Takes the same arguments as ``peek``. Needs an app context.
+        """
+        state = get_state()
+        caller = inspection.Caller.of(identity, ip)
+        plan = inspection.plan_of(state, caller)
+        return inspection.reset(state, inspection.caller_checks(current_app, state, caller, plan))
+
     def current_decision(self) -> Decision | None:
         """The decision made for the current request, if any tier applied."""
         decision: Decision | None = g.get("_quota")
@@ -250,9 +224,9 @@ class Quota:
         view = app.view_functions.get(endpoint) if endpoint else None
         if endpoint is not None and endpoint.rpartition(".")[2] == "static":
             return  # static files (the app's and blueprints') are not the API
-        if getattr(view, _EXEMPT_ATTR, False):
+        if getattr(view, EXEMPT_ATTR, False):
             return
-        spec: LimitSpec | None = getattr(view, _LIMIT_ATTR, None)
+        spec: LimitSpec | None = getattr(view, LIMIT_ATTR, None)
 
         identity = self._identify(settings, req)
         ip_tag = remote_ip_tag(req.remote_addr)
@@ -329,5 +303,4 @@ class Quota:
 
 def _sql_api_key(key: str) -> Identity | None:
     """The default API-key loader: the live SQL client with this key (from the snapshot)."""
-    sql = get_state().sql
-    return sql.identify(key) if sql is not None else None
+    return get_state().sql.identify(key)

@@ -6,6 +6,7 @@ from functools import lru_cache
 
 from werkzeug.datastructures import Headers
 
+from .clock import ceil_seconds
 from .policy import Decision, TierResult
 from .settings import HeaderMode
 
@@ -38,7 +39,7 @@ def rate_limit_headers(decision: Decision, mode: HeaderMode) -> list[tuple[str, 
         headers += [
             ("X-RateLimit-Limit", str(outcome.limit)),
             ("X-RateLimit-Remaining", str(outcome.remaining)),
-            ("X-RateLimit-Reset", str(-(-outcome.reset_us // 1_000_000))),
+            ("X-RateLimit-Reset", str(ceil_seconds(outcome.reset_us))),
             ("X-RateLimit-Resource", _printable(shown.name)),
         ]
     if mode in (HeaderMode.IETF, HeaderMode.BOTH):

@@ -9,7 +9,6 @@ fixed name so that migrations match on SQLite and PostgreSQL alike.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,8 +30,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
 
+from . import validators
 from .algorithms import Algorithm
-from .rates import parse_rate
 from .tiers import Tier
 
 __all__ = [
@@ -53,9 +52,6 @@ __all__ = [
 # extension creates the tables itself, it records this revision so that a later
 # ``flask db upgrade`` continues from here; tests/test_migrations.py keeps it in step.
 SCHEMA_REVISION = "0001_quota_tables"
-
-# Resource names as ``@quota.limit(resource=...)`` accepts them.
-RESOURCE_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 metadata = MetaData(
     naming_convention={
@@ -102,23 +98,12 @@ class Model(DeclarativeBase):
 
 
 def _tier(value: str) -> str:
-    try:
-        return Tier(value).value
-    except ValueError:
-        raise ValueError(f"unknown tier {value!r}: use global, user or endpoint") from None
+    return validators.tier_name(value).value
 
 
 def _resource_for(tier: str, resource: str) -> str:
     """Endpoint rows name a resource; global and user rows use ``''``."""
-    if tier == Tier.ENDPOINT.value:
-        if not RESOURCE_RE.fullmatch(resource):
-            raise ValueError(
-                "the endpoint tier needs --resource: 1-64 characters of A-Z a-z 0-9 _ . -, "
-                f"got {resource!r}"
-            )
-    elif resource:
-        raise ValueError(f"the {tier} tier applies to every resource; drop --resource")
-    return resource
+    return validators.tier_resource(tier, resource)[1]
 
 
 class PlanRecord(Model):
@@ -139,9 +124,7 @@ class PlanRecord(Model):
 
     @validates("name")
     def _check_name(self, key: str, value: str) -> str:
-        if not value or len(value) > 64 or not value.isprintable() or value != value.strip():
-            raise ValueError(f"plan name {value!r} must be 1-64 printable characters")
-        return value
+        return validators.plan_name(value)
 
 
 class _TierRate:
@@ -160,7 +143,7 @@ class _TierRate:
 
     @validates("rate")
     def _check_rate(self, key: str, value: str) -> str:
-        return str(parse_rate(value))
+        return validators.rate_text(value)
 
     @validates("resource")
     def _check_resource(self, key: str, value: str) -> str:

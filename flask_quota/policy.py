@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .algorithms import Algorithm, Outcome
+from .clock import seconds_until
 from .keys import KeyBuilder
 from .plans import Plan
 from .rates import Rate
@@ -13,9 +14,6 @@ from .storage import Check, Verdict
 from .tiers import Tier
 
 __all__ = ["Decision", "LimitSpec", "Policy", "TierCheck", "TierResult"]
-
-US = 1_000_000
-
 
 @dataclass(frozen=True, slots=True)
 class LimitSpec:
@@ -82,7 +80,7 @@ class Decision:
 
     def seconds_until(self, at_us: int) -> int:
         """Whole seconds from now until ``at_us``, rounded up."""
-        return max(0, -(-(at_us - self.now_us) // US))
+        return seconds_until(at_us, self.now_us)
 
 
 class Policy:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .clock import US
+
 __all__ = ["Rate", "parse_rate"]
 
 _UNITS = {
@@ -27,7 +29,6 @@ ACCEPTED = (
     "optionally followed by '; burst=B' (N and B positive integers)"
 )
 
-US = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)

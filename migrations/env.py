@@ -16,9 +16,9 @@ from typing import Any
 from alembic import context
 from flask import current_app
 
-from flask_quota.extension import get_state
 from flask_quota.models import metadata
 from flask_quota.sql_store import VERSION_TABLE
+from flask_quota.state import get_state
 
 config = context.config
 if config.config_file_name is not None:

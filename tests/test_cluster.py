@@ -188,7 +188,7 @@ def test_slots_are_asked_together(flushed: Cluster) -> None:
 
 
 def _checks_for(app: Flask, identity: str) -> list[Check]:
-    from flask_quota.extension import get_state
+    from flask_quota.state import get_state
 
     state = get_state(app)
     plan = state.settings.plans["free"]

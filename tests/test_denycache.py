@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from flask_quota import Quota
 from flask_quota.algorithms import Algorithm
 from flask_quota.denycache import DenyCache
-from flask_quota.extension import get_state
 from flask_quota.rates import parse_rate
 from flask_quota.settings import Settings
+from flask_quota.state import get_state
 from flask_quota.storage import Check, MemoryStorage, Verdict
 from flask_quota.testing import FrozenClock
 from tests.load import hammer, serve_many

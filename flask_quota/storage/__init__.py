@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import Check, Clock, Storage, StorageError, Verdict, wall_clock_us
 from .memory import MemoryStorage
+from .url import FORMS, parse_storage_url
 
 __all__ = [
     "Check",
@@ -18,24 +19,25 @@ __all__ = [
 
 
 def storage_from_url(url: str, *, timeout: float) -> Storage:
-    """Build the backend for a ``QUOTA_STORAGE_URL``."""
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme == "memory":
-        return MemoryStorage()
-    if scheme in ("redis", "rediss", "unix"):
-        from .redis import RedisStorage  # redis-py is only imported when used
+    """Build the backend for a ``QUOTA_STORAGE_URL`` (no connection is made yet).
 
-        return RedisStorage.from_url(url, timeout=timeout)
-    if scheme == "redis+sentinel":
-        from .sentinel import SentinelStorage
+    Raises ``ValueError`` naming the accepted forms, with any password masked.
+    """
+    parsed = parse_storage_url(url)
+    if parsed.scheme == "memory":
+        return MemoryStorage()
+    if parsed.scheme == "redis+sentinel":
+        from .sentinel import SentinelStorage  # redis-py is only imported when used
 
         return SentinelStorage.from_url(url, timeout=timeout)
-    if scheme == "redis+cluster":
+    if parsed.scheme == "redis+cluster":
         from .cluster import ClusterStorage
 
         return ClusterStorage.from_url(url, timeout=timeout)
-    raise ValueError(
-        f"QUOTA_STORAGE_URL {url!r} has an unknown scheme: use memory://, redis://host:6379/0, "
-        "rediss://host:6380/0, unix:///path/to/redis.sock, "
-        "redis+sentinel://host:26379/service_name or redis+cluster://host:6379"
-    )
+    from .redis import RedisStorage
+
+    try:
+        return RedisStorage.from_url(url, timeout=timeout)
+    except ValueError as exc:  # redis-py's own checks (e.g. a db that is not a number)
+        message = str(exc).replace(url, parsed.shown)
+        raise ValueError(f"QUOTA_STORAGE_URL {parsed.shown!r}: {message}; use {FORMS}") from None

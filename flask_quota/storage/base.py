@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-import time
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from ..algorithms import Algorithm, Outcome
+from ..clock import Clock, wall_clock_us
 from ..rates import Rate
 
-__all__ = ["Check", "Clock", "Storage", "StorageError", "Verdict", "wall_clock_us"]
+__all__ = [
+    "Check",
+    "Clock",
+    "Storage",
+    "StorageError",
+    "Verdict",
+    "wall_clock_us",
+    "wraps_errors",
+]
 
-Clock = Callable[[], int]
-"""Returns the current time in integer microseconds."""
-
-
-def wall_clock_us() -> int:
-    return time.time_ns() // 1000
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +49,35 @@ class Verdict:
 
 class StorageError(Exception):
     """The backend could not answer (down, slow, out of memory)."""
+
+
+class _Named(Protocol):
+    name: str
+
+
+S = TypeVar("S", bound=_Named)
+
+
+def wraps_errors(
+    *errors: type[BaseException],
+) -> Callable[[Callable[Concatenate[S, P], R]], Callable[Concatenate[S, P], R]]:
+    """Decorate a backend method so ``errors`` surface as ``StorageError``.
+
+    The one place a backend's client errors are translated: the fail mode and
+    the circuit breaker only ever see ``StorageError``.
+    """
+
+    def decorate(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+        @functools.wraps(method)
+        def wrapper(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return method(self, *args, **kwargs)
+            except errors as exc:
+                raise StorageError(f"{self.name}: {exc}") from exc
+
+        return wrapper
+
+    return decorate
 
 
 class Storage(Protocol):

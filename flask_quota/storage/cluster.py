@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from importlib import resources
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -30,8 +29,9 @@ from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 from redis.retry import Retry
 
 from ..algorithms import Outcome
-from .base import Check, Clock, StorageError, Verdict, wall_clock_us
-from .redis import SCRIPT, parse_reply
+from .base import Check, Clock, StorageError, Verdict, wall_clock_us, wraps_errors
+from .redis import REDIS_ERRORS, SCRIPT, parse_reply
+from .url import parse_storage_url
 
 __all__ = ["REFUND_SCRIPT", "ClusterStorage"]
 
@@ -40,7 +40,7 @@ REFUND_SCRIPT = "\n".join(
     for part in ("common.lua", "refund.lua")
 )
 
-_ERRORS = (redis.RedisError, OSError)
+_ERRORS = REDIS_ERRORS
 # Error replies that mean the script never ran, so running it again is safe.
 _NOT_RUN = (NoScriptError, MovedError, AskError, TryAgainError)
 
@@ -67,20 +67,13 @@ class ClusterStorage:
     @classmethod
     def from_url(cls, url: str, *, timeout: float, clock: Clock | None = None) -> ClusterStorage:
         """``redis+cluster://[user:password@]host:port[,host:port...]``, any nodes to start from."""
-        try:
-            parts = urlsplit(url)
-        except ValueError as exc:  # e.g. an unclosed "[" of an IPv6 address
-            raise ValueError(f"QUOTA_STORAGE_URL {url!r} is not a URL ({exc})") from None
-        userinfo, _, hosts = parts.netloc.rpartition("@")
-        nodes = [_node(address, url) for address in hosts.split(",") if address]
-        if not nodes:
-            raise ValueError(f"QUOTA_STORAGE_URL {url!r} names no cluster node: use host:port")
-        username, _, password = userinfo.partition(":")
+        parsed = parse_storage_url(url)
+        nodes = [ClusterNode(host, port) for host, port in parsed.hosts]  # type: ignore[no-untyped-call]
         options: dict[str, Any] = {
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
-            "username": unquote(username) or None,
-            "password": unquote(password) or None,
+            "username": parsed.username,
+            "password": parsed.password,
         }
 
         def connect() -> RedisCluster:
@@ -102,10 +95,7 @@ class ClusterStorage:
             return client, scripts
         with self._lock:
             if self._client is None or self._scripts is None:
-                try:
-                    client = self._connect()
-                except _ERRORS as exc:
-                    raise StorageError(f"redis cluster: {exc}") from exc
+                client = self._connect()
                 # Script objects hash their source once; EVALSHA reloads on NOSCRIPT.
                 self._scripts = (
                     client.register_script(SCRIPT),
@@ -114,25 +104,23 @@ class ClusterStorage:
                 self._client = client
             return self._client, self._scripts
 
+    @wraps_errors(*REDIS_ERRORS)
     def decide(self, checks: Sequence[Check]) -> Verdict:
         return self._run(checks, "decide")
 
+    @wraps_errors(*REDIS_ERRORS)
     def peek(self, checks: Sequence[Check]) -> Verdict:
         return self._run(checks, "peek")
 
+    @wraps_errors(*REDIS_ERRORS)
     def clear(self, keys: Sequence[str]) -> None:
         if keys:
-            try:
-                self._connected()[0].delete(*keys)  # split per slot by the cluster client
-            except _ERRORS as exc:
-                raise StorageError(f"redis cluster: {exc}") from exc
+            self._connected()[0].delete(*keys)  # split per slot by the cluster client
 
+    @wraps_errors(*REDIS_ERRORS)
     def ping(self) -> float:
         start = time.perf_counter()
-        try:
-            self._connected()[0].ping()
-        except _ERRORS as exc:
-            raise StorageError(f"redis cluster: {exc}") from exc
+        self._connected()[0].ping()
         return time.perf_counter() - start
 
     def close(self) -> None:
@@ -274,13 +262,3 @@ def merge(checks: Sequence[Check], groups: list[list[int]], verdicts: list[Verdi
         for i, outcome in zip(group, verdict.outcomes, strict=True):
             outcomes[i] = replace(outcome, reset_us=outcome.reset_us + shift) if shift else outcome
     return Verdict(now, tuple(o for o in outcomes if o is not None))
-
-
-def _node(address: str, url: str) -> ClusterNode:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(
-            f"QUOTA_STORAGE_URL {url!r}: cluster node {address!r} is not host:port, e.g. "
-            "redis+cluster://10.0.0.1:6379,10.0.0.2:6379"
-        )
-    return ClusterNode(host.strip("[]"), int(port))  # type: ignore[no-untyped-call]

@@ -12,9 +12,12 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..algorithms import Outcome
-from .base import Check, Clock, StorageError, Verdict
+from .base import Check, Clock, Verdict, wraps_errors
 
-__all__ = ["SCRIPT", "RedisStorage"]
+__all__ = ["REDIS_ERRORS", "SCRIPT", "RedisStorage"]
+
+# What redis-py and the socket raise when Redis cannot answer.
+REDIS_ERRORS = (redis.RedisError, OSError)
 
 # The algorithms are separate files so each mirrors its Python twin; Redis runs
 # them as one script, so one call decides every tier of a request.
@@ -65,33 +68,27 @@ class RedisStorage:
     def peek(self, checks: Sequence[Check]) -> Verdict:
         return self._call("peek", checks)
 
+    @wraps_errors(*REDIS_ERRORS)
     def clear(self, keys: Sequence[str]) -> None:
         if keys:
-            try:
-                self.client.delete(*keys)
-            except (redis.RedisError, OSError) as exc:
-                raise StorageError(f"redis: {exc}") from exc
+            self.client.delete(*keys)
 
+    @wraps_errors(*REDIS_ERRORS)
     def ping(self) -> float:
         start = time.perf_counter()
-        try:
-            self.client.ping()
-        except (redis.RedisError, OSError) as exc:
-            raise StorageError(f"redis: {exc}") from exc
+        self.client.ping()
         return time.perf_counter() - start
 
     def close(self) -> None:
         self.client.close()
 
+    @wraps_errors(*REDIS_ERRORS)
     def _call(self, mode: str, checks: Sequence[Check]) -> Verdict:
         args: list[Any] = [mode, "" if self._clock is None else self._clock()]
         for check in checks:
             rate = check.rate
             args += [check.algorithm.code, rate.limit, rate.window_us, rate.capacity, check.cost]
-        try:
-            reply = self._script(keys=[c.key for c in checks], args=args)
-        except (redis.RedisError, OSError) as exc:
-            raise StorageError(f"redis: {exc}") from exc
+        reply = self._script(keys=[c.key for c in checks], args=args)
         return parse_reply(reply, checks)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -11,6 +10,7 @@ from redis.sentinel import Sentinel
 
 from .base import Clock
 from .redis import RedisStorage
+from .url import parse_storage_url
 
 __all__ = ["SentinelStorage", "parse_sentinel_url"]
 
@@ -54,36 +54,23 @@ def parse_sentinel_url(
     url: str,
 ) -> tuple[list[tuple[str, int]], str, dict[str, Any], dict[str, Any]]:
     """``(sentinel addresses, service name, master options, sentinel options)``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:  # e.g. an unclosed "[" of an IPv6 address
-        raise ValueError(f"QUOTA_STORAGE_URL {url!r} is not a URL ({exc})") from None
-    userinfo, _, hosts = parts.netloc.rpartition("@")
-    sentinels = []
-    for address in filter(None, hosts.split(",")):
-        # "host", "host:port", "[v6]" or "[v6]:port"
-        if address.startswith("["):
-            host, _, rest = address[1:].partition("]")
-            port = rest.removeprefix(":") if rest.startswith(":") or not rest else "bad"
-        else:
-            host, _, port = address.partition(":")
-        port = port or "26379"
-        if not host or not port.isdigit():
-            raise ValueError(f"QUOTA_STORAGE_URL {url!r}: {address!r} is not host:port; {_FORM}")
-        sentinels.append((host, int(port)))
-    path = [unquote(p) for p in parts.path.split("/") if p]
-    if not sentinels or not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
-        raise ValueError(f"QUOTA_STORAGE_URL {url!r} is not a Sentinel URL; use {_FORM}")
-    username, _, password = userinfo.partition(":")
+    parsed = parse_storage_url(url)
+    path = parsed.path
+    if (
+        parsed.scheme != "redis+sentinel"
+        or not path
+        or len(path) > 2
+        or (len(path) == 2 and not path[1].isdigit())
+    ):
+        raise ValueError(f"QUOTA_STORAGE_URL {parsed.shown!r} is not a Sentinel URL; use {_FORM}")
     options: dict[str, Any] = {
-        "username": unquote(username) or None,
-        "password": unquote(password) or None,
+        "username": parsed.username,
+        "password": parsed.password,
         "db": int(path[1]) if len(path) == 2 else 0,
     }
-    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
     sentinel_options = {
-        key: query[f"sentinel_{key}"]
+        key: parsed.query[f"sentinel_{key}"]
         for key in ("username", "password")
-        if query.get(f"sentinel_{key}")
+        if parsed.query.get(f"sentinel_{key}")
     }
-    return sentinels, path[0], options, sentinel_options
+    return list(parsed.hosts), path[0], options, sentinel_options

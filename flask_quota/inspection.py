@@ -1,0 +1,146 @@
+"""Look at and reset a caller's buckets: the one door for tools.
+
+``quota.peek()`` / ``quota.reset()``, the ``flask quota usage|reset`` commands
+and the dashboard's identity pages all go through these functions, so they
+agree on which plan applies to a caller and which buckets it owns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from flask import Flask
+
+from .clock import seconds_until
+from .identity import client_ip
+from .keys import KeyBuilder
+from .plans import Plan, PlanCatalog
+from .policy import TierCheck
+from .state import QuotaState, limited_endpoints
+
+__all__ = ["BucketState", "Caller", "caller_checks", "peek", "plan_of", "reset"]
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Whose buckets: an identity's (``tag`` ``id=...``) or an anonymous IP's (``ip=...``).
+
+    ``ip_tag`` adds the per-IP global tier; ``identity`` is the raw id when known
+    (plan and overrides are looked up by it).
+    """
+
+    tag: str
+    ip_tag: str | None = None
+    identity: str | None = None
+
+    @classmethod
+    def of(cls, identity: str | None = None, ip: str | None = None) -> Caller:
+        """The caller with this identity id and/or client address."""
+        if identity is None and ip is None:
+            raise ValueError("name an identity (e.g. a client id), or an IP address, or both")
+        ip_tag = KeyBuilder.ip_tag(client_ip(ip)) if ip is not None else None
+        if identity is None:
+            assert ip_tag is not None
+            return cls(ip_tag, ip_tag, None)
+        return cls(KeyBuilder.identity_tag(identity), ip_tag, identity)
+
+    @classmethod
+    def from_tag(cls, tag: str) -> Caller:
+        """The caller behind a key tag as usage records show it (``id=...``/``ip=...``)."""
+        if not is_tag(tag):
+            raise ValueError(f"{tag[:100]!r} is not a caller tag (id=... or ip=...)")
+        if tag.startswith("ip="):
+            return cls(tag, tag, None)
+        # A digest (%h...) hides the id: the buckets are still found, the plan is the default.
+        raw = tag[3:]
+        return cls(tag, None, None if raw.startswith("%h") else unquote(raw))
+
+    @property
+    def anonymous(self) -> bool:
+        return self.identity is None and self.tag.startswith("ip=")
+
+
+def is_tag(tag: str) -> bool:
+    """Caller tags as the extension builds them: ``id=...`` or ``ip=...``."""
+    return tag.startswith(("id=", "ip=")) and 3 < len(tag) <= 300
+
+
+@dataclass(frozen=True, slots=True)
+class BucketState:
+    """One bucket as ``peek`` saw it; nothing was charged."""
+
+    tier: str  # "global", "user" or "endpoint"
+    name: str  # "global", "user" or "resource (METHOD)"
+    rate: str
+    limit: int
+    remaining: int
+    reset_in: int  # whole seconds until the bucket is full again
+
+    @property
+    def used_fraction(self) -> float:
+        return 1 - self.remaining / self.limit if self.limit else 0.0
+
+
+def plan_of(
+    state: QuotaState,
+    caller: Caller,
+    *,
+    plan: str | None = None,
+    catalog: PlanCatalog | None = None,
+    seen_plan: str | None = None,
+) -> Plan:
+    """The plan (with the caller's overrides) the request path would apply.
+
+    ``plan`` forces a plan by name; ``seen_plan`` is the plan usage records saw
+    for an identity the app's own loader knows (the catalog only knows clients).
+    """
+    catalog = catalog if catalog is not None else state.catalog()
+    settings = state.settings
+    if plan is not None and plan not in catalog:
+        raise ValueError(f"unknown plan {plan!r}; known plans: {', '.join(catalog)}")
+    if caller.identity is None and caller.anonymous:
+        name = plan or settings.anonymous_plan
+    else:
+        client_plan = catalog.client_plan(caller.identity) if caller.identity else None
+        name = plan or client_plan or seen_plan or settings.default_plan
+    return catalog.resolve(name, caller.identity, fallback=settings.default_plan)
+
+
+def caller_checks(app: Flask, state: QuotaState, caller: Caller, plan: Plan) -> list[TierCheck]:
+    """Cost-0 checks over every bucket the request path can use for ``caller``."""
+    endpoints = limited_endpoints(app)
+    checks = state.policy.inspection_checks(plan, caller.tag, endpoints)
+    if caller.ip_tag is not None and caller.ip_tag != caller.tag:  # the global tier is per IP
+        ip_checks = state.policy.inspection_checks(plan, caller.ip_tag, [])
+        checks[:0] = [c for c in ip_checks if c.name == "global"]
+    return checks
+
+
+def peek(state: QuotaState, checks: Sequence[TierCheck]) -> list[BucketState]:
+    """Every bucket's state, read in one storage call without charging.
+
+    Raises ``StorageError`` when the storage cannot answer.
+    """
+    if not checks:
+        return []
+    verdict = state.storage.peek([c.check for c in checks])
+    return [
+        BucketState(
+            check.tier.value,
+            check.name,
+            str(check.check.rate),
+            outcome.limit,
+            outcome.remaining,
+            seconds_until(outcome.reset_us, verdict.now_us),
+        )
+        for check, outcome in zip(checks, verdict.outcomes, strict=True)
+    ]
+
+
+def reset(state: QuotaState, checks: Sequence[TierCheck]) -> int:
+    """Forget the buckets of ``checks``; returns how many. Raises ``StorageError``."""
+    keys = [c.check.key for c in checks]
+    state.storage.clear(keys)
+    return len(keys)

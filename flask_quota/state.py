@@ -1,0 +1,100 @@
+"""Per-app state: what ``init_app`` builds and every other part reads.
+
+The extension writes ``app.extensions["quota"]``; the CLI, the dashboard and
+the inspection API read it through ``get_state``. Keeping it here (and not in
+``extension.py``) is what keeps the import graph acyclic: nothing that the
+extension imports needs to import the extension back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from flask import Flask, current_app
+
+from .failover import GuardedStorage
+from .plans import PlanCatalog
+from .policy import LimitSpec, Policy
+from .settings import Settings
+from .sql_store import SqlStore
+from .storage import Storage
+from .usage import UsageRecorder
+
+if TYPE_CHECKING:
+    from .extension import Quota
+
+__all__ = [
+    "EXEMPT_ATTR",
+    "LIMIT_ATTR",
+    "QuotaState",
+    "exempt",
+    "get_state",
+    "limit_of",
+    "limited_endpoints",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# What the decorators leave on a view function; read once per request.
+LIMIT_ATTR = "__quota_limit__"
+EXEMPT_ATTR = "__quota_exempt__"
+
+
+@dataclass
+class QuotaState:
+    """Everything one app's quota needs, kept in ``app.extensions["quota"]``."""
+
+    quota: Quota
+    settings: Settings
+    storage: Storage
+    guard: GuardedStorage
+    policy: Policy
+    sql: SqlStore
+    usage: UsageRecorder | None = None  # per-minute counts for the dashboard, when mounted
+
+    def catalog(self) -> PlanCatalog:
+        """The plans, clients and overrides requests are decided with right now."""
+        return self.sql.catalog()
+
+
+def get_state(app: Flask | None = None) -> QuotaState:
+    """The quota state of ``app`` (default: the current app).
+
+    Raises ``RuntimeError`` with the fix when the extension was never initialised.
+    """
+    app = app or current_app
+    try:
+        state: QuotaState = app.extensions["quota"]
+    except KeyError:
+        raise RuntimeError(
+            "flask-quota is not initialised on this app. Did you forget to call "
+            "Quota(app) or quota.init_app(app)?"
+        ) from None
+    return state
+
+
+def exempt(view: F) -> F:
+    """Mark a view as exempt from every tier (``@quota.exempt`` without an instance)."""
+    setattr(view, EXEMPT_ATTR, True)
+    return view
+
+
+def limit_of(view: Any) -> LimitSpec | None:
+    """The ``@quota.limit`` recorded on a view function, if any."""
+    spec: LimitSpec | None = getattr(view, LIMIT_ATTR, None)
+    return spec
+
+
+def limited_endpoints(app: Flask) -> list[tuple[str, str, LimitSpec]]:
+    """(method, resource, spec) for every route with ``@quota.limit``: the endpoint
+    buckets an identity can have, for usage views and resets."""
+    found: dict[tuple[str, str], LimitSpec] = {}
+    for rule in app.url_map.iter_rules():
+        spec = limit_of(app.view_functions.get(rule.endpoint))
+        if spec is None:
+            continue
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            found.setdefault((method, spec.resource or rule.endpoint), spec)
+    return [(method, resource, spec) for (method, resource), spec in sorted(found.items())]

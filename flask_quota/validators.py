@@ -1,0 +1,88 @@
+"""The one home of the rules for names users type: tiers, resources, plans, clients, rates.
+
+The decorator, ``QUOTA_PLANS``, the SQL models, the admin API, the CLI and the
+dashboard all validate through these functions, so a name accepted in one
+place is accepted everywhere. Each raises ``ValueError`` with a message that
+says what is accepted.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .rates import Rate, parse_rate
+from .tiers import Tier
+
+__all__ = [
+    "RESOURCE_PATTERN",
+    "RESOURCE_RE",
+    "client_name",
+    "plan_name",
+    "rate_text",
+    "resource_name",
+    "tier_name",
+    "tier_resource",
+]
+
+RESOURCE_PATTERN = r"[A-Za-z0-9_.\-]{1,64}"
+RESOURCE_RE = re.compile(RESOURCE_PATTERN)
+_RESOURCE_RULE = "1-64 characters of A-Z a-z 0-9 _ . -"
+
+
+def tier_name(value: str) -> Tier:
+    """``"global"``, ``"user"`` or ``"endpoint"`` (any case, surrounding blanks ignored)."""
+    try:
+        return Tier(str(value).strip().lower())
+    except ValueError:
+        raise ValueError(f"unknown tier {value!r}: use global, user or endpoint") from None
+
+
+def resource_name(value: object) -> str:
+    """A resource name as ``@quota.limit(resource=...)`` and plans accept it."""
+    if not isinstance(value, str) or not RESOURCE_RE.fullmatch(value):
+        raise ValueError(f"resource {value!r} must be {_RESOURCE_RULE}")
+    return value
+
+
+def plan_name(value: object) -> str:
+    """A plan name: 1-64 printable characters without surrounding blanks."""
+    if (
+        not isinstance(value, str)
+        or not value
+        or len(value) > 64
+        or not value.isprintable()
+        or value != value.strip()
+    ):
+        raise ValueError(f"plan name {value!r} must be 1-64 printable characters")
+    return value
+
+
+def client_name(value: str) -> str:
+    """A client's display name: 1-200 printable characters, blanks trimmed."""
+    name = str(value).strip()
+    if not name or len(name) > 200 or not name.isprintable():
+        raise ValueError("a client name must be 1-200 printable characters")
+    return name
+
+
+def rate_text(value: str | Rate) -> str:
+    """A rate in its canonical text form (``"5/minute"``), parsed to prove it is valid."""
+    return str(parse_rate(value))
+
+
+def tier_resource(tier: str, resource: str | None) -> tuple[Tier, str]:
+    """A tier and its resource as plan limits and overrides store them.
+
+    The endpoint tier names a resource; global and user cover every resource
+    and store ``""``.
+    """
+    parsed = tier_name(tier)
+    if parsed is Tier.ENDPOINT:
+        if not resource:
+            raise ValueError(
+                "the endpoint tier needs --resource NAME, e.g. --resource ai_inference"
+            )
+        return parsed, resource_name(resource)
+    if resource:
+        raise ValueError(f"the {parsed.value} tier covers every resource; drop --resource")
+    return parsed, ""
