@@ -3,7 +3,7 @@
 No Flask, no Redis, no clock: time is an integer count of microseconds passed in.
 The Lua scripts in ``storage/lua/`` mirror these functions line by line, using the
 same integer arithmetic, so the memory and Redis backends agree decision for
-decision (``tests/test_parity.py`` checks it). A function returns a ``Step``: the
+decision (a property test in ``tests/test_redis.py`` checks it). A function returns a ``Step``: the
 outcome, the state to store if every tier of the request allows, and how long that
 state stays meaningful (its TTL).
 """

@@ -60,13 +60,11 @@ class DenyCache:
         self._max_keys = max_keys
         self._lock = threading.Lock()
         self._denials: dict[str, tuple[_Denial, ...]] = {}
-        self.hits = 0  # decisions answered here, without the storage
 
     def decide(self, checks: Sequence[Check]) -> Verdict:
         now = self._clock()
         cached = self._cached(checks, now)
         if cached is not None:
-            self.hits += 1
             return cached
         verdict = self.storage.decide(checks)
         if not verdict.allowed:

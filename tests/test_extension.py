@@ -186,9 +186,11 @@ def test_user_tier_denies_with_its_own_name(app: Flask, clock: FrozenClock) -> N
     """The user tier is shared by all endpoints and says so when it denies."""
     app.config["QUOTA_PLANS"] = {"free": {"user": "3/minute"}}
     quota = Quota(app, storage=MemoryStorage(clock))
+    seen = []
 
     @app.get("/a")
     def a() -> str:
+        seen.append(quota.current_decision())
         return "a"
 
     @app.get("/b")
@@ -201,7 +203,12 @@ def test_user_tier_denies_with_its_own_name(app: Flask, clock: FrozenClock) -> N
     assert (body["tier"], body["resource"], body["violated-policies"]) == ("user", None, ["user"])
     assert body["detail"] == "User limit exceeded: 3 requests per 60 s on plan 'free'."
     assert body["upgrade"] is None  # no bigger plan exists
-    assert quota.current_decision is not None
+    # Inside a view, the request's own decision is at hand.
+    first, second = seen
+    assert first is not None and second is not None
+    assert (first.plan, first.allowed, second.allowed) == ("free", True, True)
+    user = [r for r in second.results if r.name == "user"]
+    assert [r.outcome.remaining for r in user] == [0]
 
 
 def test_literal_rate_and_cost(app: Flask, clock: FrozenClock) -> None:

@@ -1,0 +1,160 @@
+"""The shape of the codebase: an acyclic import graph and public doors for tools."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from flask import Flask
+
+from flask_quota import Quota
+from flask_quota.storage import storage_from_url
+from flask_quota.storage.url import masked
+
+PACKAGE = Path(__file__).resolve().parents[1] / "flask_quota"
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package (symlinked subpackages included) by dotted name."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(["flask_quota", *parts])] = path
+    return found
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Modules of ours that ``name`` imports at run time, late (in-function) imports included."""
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    targets: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if _type_checking_only(node):
+            return  # annotations only: no run-time edge
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            for alias in node.names:
+                full = f"{origin}.{alias.name}"
+                targets.add(full if full in modules else origin)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text("utf-8")))
+    return {t for t in targets if t in modules and t != name}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def walk(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := walk(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := walk(node)):
+            return found
+    return None
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    """No module of flask_quota imports, even late, a module that imports it back."""
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert graph["flask_quota.cli"], "the import scan found no edges: it is broken"
+    cycle = _cycle(graph)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_a_cycle_is_detected() -> None:
+    """The detector itself finds a cycle when there is one."""
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_tools_do_not_import_the_extension() -> None:
+    """The CLI and the inspection API reach the app's state through ``flask_quota.state``."""
+    modules = _modules()
+    for name in ("flask_quota.cli", "flask_quota.inspection", "flask_quota.state"):
+        assert "flask_quota.extension" not in _imports(name, modules[name], modules)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mongodb://admin:hunter22@db:27017",
+        "redis://admin:hunter22@db:notaport/0",
+        "redis+sentinel://:hunter22@db:26379",
+        "redis+cluster://user:hunter22@",
+        "redis+sentinel://db:x/svc?sentinel_password=hunter22&x=1",
+    ],
+)
+def test_storage_url_errors_never_show_the_password(url: str) -> None:
+    """A bad QUOTA_STORAGE_URL is named in the error, its password masked."""
+    with pytest.raises(ValueError, match="QUOTA_STORAGE_URL") as info:
+        storage_from_url(url, timeout=0.1)
+    assert "hunter22" not in str(info.value)
+    assert "***" in str(info.value) or "@" not in url
+
+
+def test_masked_keeps_everything_but_the_password() -> None:
+    """Only the password is replaced; user, hosts, path and other options stay readable."""
+    assert masked("redis://bob:pw@h:6379/2?ssl=1") == "redis://bob:***@h:6379/2?ssl=1"
+    assert masked("redis://h:6379/0") == "redis://h:6379/0"
+    assert masked("x://h/?sentinel_password=pw") == "x://h/?sentinel_password=***"
+
+
+def test_init_app_error_masks_the_storage_password(tmp_path: Path) -> None:
+    """Configuration errors reach logs: the app's own error message hides the password too."""
+    app = Flask(__name__, instance_path=str(tmp_path))
+    app.config["QUOTA_STORAGE_URL"] = "redis+cluster://u:hunter22@nohost"
+    with pytest.raises(ValueError) as info:
+        Quota(app)
+    assert "hunter22" not in str(info.value)
+
+
+def test_peek_and_reset_are_the_public_inspection_api(tmp_path: Path) -> None:
+    """quota.peek() reads a caller's buckets without charging; quota.reset() empties them."""
+    app = Flask(__name__, instance_path=str(tmp_path))
+    app.config["QUOTA_PLANS"] = {"free": {"global": "10/minute", "user": "3/minute"}}
+    quota = Quota(app)
+
+    @app.get("/")
+    def index() -> str:
+        return "ok"
+
+    http = app.test_client()
+    for _ in range(2):
+        http.get("/", environ_base={"REMOTE_ADDR": "203.0.113.9"})
+    with app.app_context():
+        before = {b.name: b.remaining for b in quota.peek(ip="203.0.113.9")}
+        again = {b.name: b.remaining for b in quota.peek(ip="203.0.113.9")}
+        assert before == again == {"global": 8, "user": 1}  # peeking charged nothing
+        assert quota.reset(ip="203.0.113.9") == 2
+        after = {b.name: b.remaining for b in quota.peek(ip="203.0.113.9")}
+    assert after == {"global": 10, "user": 3}
+    with app.app_context(), pytest.raises(ValueError, match="identity"):
+        quota.peek()
