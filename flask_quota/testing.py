@@ -1,32 +1,157 @@
-"""Helpers for testing apps that use flask-quota: a clock you move by hand.
+"""Helpers for the test suites of apps that use flask-quota.
+
+    from flask_quota.testing import FrozenClock, assert_limited, quota_disabled, reset_all
 
     clock = FrozenClock()
-    quota = Quota(app, storage=MemoryStorage(clock))
+    quota = Quota(app, storage=MemoryStorage(clock))  # or test_storage(url, clock)
     ...
+    assert_limited(client.get("/v1/search"), tier="endpoint", resource="bulk_search")
     clock.advance(60)
+
+Installed as a pytest plugin: the ``quota_clock`` and ``quota_storage``
+fixtures are available without any import (see ``flask_quota.pytest_plugin``).
 """
 
 from __future__ import annotations
 
-from .storage import MemoryStorage
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
-__all__ = ["FrozenClock", "MemoryStorage"]
+from flask import Flask
+
+from .clock import US
+from .state import get_state
+from .storage import MemoryStorage, Storage, StorageError
+from .storage.url import parse_storage_url
+
+__all__ = [
+    "FrozenClock",
+    "MemoryStorage",
+    "assert_limited",
+    "quota_disabled",
+    "reset_all",
+    "test_storage",
+]
 
 
 class FrozenClock:
-    """A microsecond clock that only moves when told to."""
+    """A microsecond clock that only moves when told to.
+
+    Pass it to ``MemoryStorage(clock)`` or to ``test_storage(url, clock)`` for
+    any backend: Redis then decides with this time instead of its own.
+    """
 
     def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.now_us = round(start * 1_000_000)
+        self.now_us = round(start * US)
 
     def __call__(self) -> int:
         return self.now_us
 
     def advance(self, seconds: float) -> None:
+        """Move forward by ``seconds`` (fractions allowed)."""
         if seconds < 0:
             raise ValueError("a FrozenClock only moves forward")
-        self.now_us += round(seconds * 1_000_000)
+        self.now_us += round(seconds * US)
 
     @property
     def seconds(self) -> float:
-        return self.now_us / 1_000_000
+        """The current time in Unix seconds."""
+        return self.now_us / US
+
+
+def test_storage(url: str = "memory://", clock: FrozenClock | None = None) -> Storage:
+    """The backend for ``url`` (any ``QUOTA_STORAGE_URL``), deciding on ``clock`` if given.
+
+    Use it as ``Quota(app, storage=test_storage(url, clock))``. In production the
+    Redis backends always use the Redis server's clock.
+    """
+    scheme = parse_storage_url(url).scheme
+    if scheme == "memory":
+        return MemoryStorage(clock) if clock is not None else MemoryStorage()
+    timeout = 5.0  # generous: a test machine is often busy
+    if scheme == "redis+sentinel":
+        from .storage.sentinel import SentinelStorage
+
+        return SentinelStorage.from_url(url, timeout=timeout, clock=clock)
+    if scheme == "redis+cluster":
+        from .storage.cluster import ClusterStorage
+
+        return ClusterStorage.from_url(url, timeout=timeout, clock=clock)
+    from .storage.redis import RedisStorage
+
+    return RedisStorage.from_url(url, timeout=timeout, clock=clock)
+
+
+test_storage.__test__ = False  # type: ignore[attr-defined]  # not a test for pytest to collect
+
+
+@contextmanager
+def quota_disabled(app: Flask) -> Iterator[None]:
+    """No tier applies to ``app``'s requests inside the block (as ``QUOTA_ENABLED=False``)."""
+    state = get_state(app)
+    saved = state.settings
+    state.settings = dataclasses.replace(saved, enabled=False)
+    try:
+        yield
+    finally:
+        state.settings = saved
+
+
+def reset_all(app: Flask) -> None:
+    """Forget every counter of ``app`` (all callers, all tiers), e.g. between tests.
+
+    Memory: everything in the process. Redis: every key under ``QUOTA_KEY_PREFIX``.
+    """
+    state = get_state(app)
+    storage: Any = state.storage
+    while hasattr(storage, "storage"):  # unwrap the deny cache (it forgets its denials too)
+        storage.clear([])
+        storage = storage.storage
+    if state.guard.fallback is not None:
+        state.guard.fallback.close()
+    if isinstance(storage, MemoryStorage):
+        storage.close()
+        return
+    pattern = state.settings.key_prefix + ":*"
+    client = getattr(storage, "client", None)
+    if client is None and hasattr(storage, "_connected"):
+        client = storage._connected()[0]  # the cluster client; scan_iter covers every node
+    if client is None:
+        raise TypeError(f"reset_all() does not know the {storage.name} backend")
+    try:
+        keys = list(client.scan_iter(match=pattern, count=1000))
+        for start in range(0, len(keys), 500):
+            storage.clear(
+                [k.decode() if isinstance(k, bytes) else k for k in keys[start : start + 500]]
+            )
+    except StorageError:
+        raise
+    except Exception as exc:  # the client's own errors, as every backend reports them
+        raise StorageError(f"{storage.name}: {exc}") from exc
+
+
+def assert_limited(
+    response: Any,
+    *,
+    tier: str | None = None,
+    resource: str | None = None,
+) -> dict[str, Any]:
+    """Assert that ``response`` is flask-quota's 429 (optionally for ``tier``/``resource``).
+
+    Checks the status, ``Retry-After`` (whole seconds, at least 1) and the
+    problem body; returns the body for further checks.
+    """
+    assert response.status_code == 429, f"expected 429, got {response.status_code}"
+    retry_after = response.headers.get("Retry-After", "")
+    assert retry_after.isdigit() and int(retry_after) >= 1, f"bad Retry-After {retry_after!r}"
+    body = response.get_json(silent=True) or {}
+    assert isinstance(body, dict) and body.get("status") == 429, f"not a quota problem: {body}"
+    if tier is not None:
+        assert body.get("tier") == tier, f"denied by tier {body.get('tier')!r}, not {tier!r}"
+    if resource is not None:
+        assert body.get("resource") == resource, (
+            f"denied on resource {body.get('resource')!r}, not {resource!r}"
+        )
+    return body
