@@ -21,7 +21,7 @@ from .identity import Identity, plausible_api_key
 from .keys import KeyBuilder, remote_ip_tag
 from .policy import Decision, LimitSpec, Policy
 from .rates import Rate, parse_rate
-from .settings import DEFAULTS, Settings
+from .settings import DEFAULTS, Settings, reference
 from .sql_store import SqlStore
 from .state import EXEMPT_ATTR, LIMIT_ATTR, QuotaState, exempt, get_state, limit_of
 from .storage import Storage, storage_from_url
@@ -76,6 +76,15 @@ class Quota:
             self.init_app(app)
 
     def init_app(self, app: Flask) -> None:
+        """Set up quota enforcement on ``app``: read its ``QUOTA_*`` configuration
+        once, register the request hooks, the ``flask quota`` commands and, with
+        ``QUOTA_DASHBOARD_URL``, the dashboard. Raises ``ValueError`` naming the key
+        and the fix for invalid configuration, ``RuntimeError`` when called twice.
+
+        Configuration keys read (default in brackets):
+
+        {keys}
+        """
         if "quota" in app.extensions:
             raise RuntimeError(
                 "flask-quota is already initialised on this app; call init_app once per app."
@@ -299,6 +308,12 @@ class Quota:
             if state.usage is not None:
                 state.usage.record(scope._quota_who, decision.plan, decision.usage_outcomes())
         return response
+
+
+Quota.init_app.__doc__ = (Quota.init_app.__doc__ or "").replace(
+    "{keys}",
+    "\n        ".join(f"- ``{key}`` [{default}]: {doc}" for key, default, doc in reference()),
+)
 
 
 def _sql_api_key(key: str) -> Identity | None:

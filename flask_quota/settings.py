@@ -14,7 +14,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from .algorithms import Algorithm
 from .plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
 
-__all__ = ["DEFAULTS", "FailMode", "HeaderMode", "Settings"]
+__all__ = ["DEFAULTS", "DOCS", "FailMode", "HeaderMode", "Settings", "reference"]
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -52,6 +52,54 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_DATABASE_URL": None,  # None: SQLite file in the instance folder (or Quota(db=))
     "QUOTA_SYNC_INTERVAL": 0.5,  # seconds between checks for plan/client changes in SQL
 }
+
+# What each key means: the configuration reference (README, docs and init_app's
+# docstring) is generated from this table, and a test keeps it in step with DEFAULTS.
+DOCS: dict[str, str] = {
+    "QUOTA_STORAGE_URL": "Where counters live: ``memory://``, ``redis://host:6379/0``, "
+    "``rediss://...``, ``unix:///path/redis.sock``, ``redis+sentinel://host:26379/service`` "
+    "or ``redis+cluster://host:6379[,host:6380]``.",
+    "QUOTA_ALGORITHM": "``token_bucket``, ``fixed_window``, ``sliding_window_log`` or "
+    "``sliding_window_counter``.",
+    "QUOTA_DEFAULT_PLAN": "Plan of identities that name none.",
+    "QUOTA_ANONYMOUS_PLAN": "Plan of requests without an identity (keyed by IP).",
+    "QUOTA_API_KEY_HEADER": "Request header carrying a client's API key.",
+    "QUOTA_HEADERS": "Rate-limit headers to send: ``legacy`` (``X-RateLimit-*``), ``ietf`` "
+    "(``RateLimit``/``RateLimit-Policy``), ``both`` or ``none``.",
+    "QUOTA_FAIL_MODE": "When the storage fails: ``open`` (no limits), ``closed`` (503 with "
+    "``Retry-After``) or ``local`` (an in-process limiter per worker).",
+    "QUOTA_STORAGE_TIMEOUT": "Seconds before a storage call counts as failed.",
+    "QUOTA_DASHBOARD_URL": "URL prefix to mount the dashboard at, e.g. ``/quota``; ``None``: "
+    "not mounted.",
+    "QUOTA_ENABLED": "``False`` switches enforcement off entirely.",
+    "QUOTA_PLANS": "Plans as a dict (or JSON): ``{name: {global, user, resources, "
+    "description, upgrade}}``; ``None``: the built-in free/pro/enterprise plans.",
+    "QUOTA_KEY_PREFIX": "Prefix of every storage key.",
+    "QUOTA_UPGRADE_URL": "Link named in the ``upgrade`` hint of a 429 body.",
+    "QUOTA_REJECT_UNKNOWN_KEYS": "Answer 401 to an unknown, revoked or malformed API key "
+    "instead of treating the caller as anonymous.",
+    "QUOTA_BREAKER_COOLDOWN": "Seconds between probes of a failed storage.",
+    "QUOTA_DENY_CACHE": "Answer repeated denials in-process until their retry time (Redis "
+    "backends), keeping a flood off Redis.",
+    "QUOTA_DATABASE_URL": "SQLAlchemy URL of the quota tables; ``None``: a SQLite file in the "
+    "instance folder, or the app's database with ``Quota(app, db=db)``.",
+    "QUOTA_SYNC_INTERVAL": "Seconds between checks for plan and client changes in SQL (at "
+    "most 1.5, so a change reaches every worker within 2 s).",
+}
+
+# Read by the dashboard when it is mounted (dashboard/auth.py), not by Settings.
+DASHBOARD_DOCS: dict[str, str] = {
+    "QUOTA_DASHBOARD_USERS": "Dashboard logins: ``{user: werkzeug password hash}`` (or JSON).",
+    "QUOTA_DASHBOARD_AUTH": "A callable returning the operator's name, or ``None`` to refuse; "
+    "wins over ``QUOTA_DASHBOARD_USERS``.",
+}
+
+
+def reference() -> list[tuple[str, str, str]]:
+    """``(key, default, meaning)`` for every configuration key, in documentation order."""
+    rows = [(key, repr(DEFAULTS[key]), DOCS[key]) for key in DEFAULTS]
+    return rows + [(key, "None", doc) for key, doc in DASHBOARD_DOCS.items()]
+
 
 # A change must reach every worker within 2 s: poll interval + reload time.
 _MAX_SYNC_INTERVAL = 1.5

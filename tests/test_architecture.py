@@ -158,3 +158,13 @@ def test_peek_and_reset_are_the_public_inspection_api(tmp_path: Path) -> None:
     assert after == {"global": 10, "user": 3}
     with app.app_context(), pytest.raises(ValueError, match="identity"):
         quota.peek()
+
+
+def test_every_config_key_is_documented_and_listed_by_init_app() -> None:
+    """The reference table covers exactly the keys Settings reads, and init_app lists them."""
+    from flask_quota.settings import DEFAULTS, DOCS, reference
+
+    assert set(DOCS) == set(DEFAULTS)
+    doc = Quota.init_app.__doc__ or ""
+    for key, _, meaning in reference():
+        assert f"``{key}``" in doc and meaning
