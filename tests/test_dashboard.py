@@ -13,7 +13,7 @@ from flask.testing import FlaskClient
 from werkzeug.security import generate_password_hash
 
 from flask_quota import Identity, Quota
-from flask_quota.storage import MemoryStorage
+from flask_quota.storage import MemoryStorage, Storage
 
 PASSWORD = "correct horse battery staple"
 HASH = generate_password_hash(PASSWORD)
@@ -31,7 +31,7 @@ def basic(user: str, password: str) -> dict[str, str]:
 OPS = basic("ops", PASSWORD)
 
 
-def dashboard_app(tmp_path: Path, **config: Any) -> Flask:
+def dashboard_app(tmp_path: Path, storage: Storage | None = None, **config: Any) -> Flask:
     app = Flask(__name__, instance_path=str(tmp_path / "instance"))
     app.secret_key = "test-secret"
     app.config.update(
@@ -41,7 +41,7 @@ def dashboard_app(tmp_path: Path, **config: Any) -> Flask:
             **config,
         }
     )
-    quota = Quota(app, storage=MemoryStorage())
+    quota = Quota(app, storage=storage or MemoryStorage())
 
     @quota.identity_loader
     def load() -> Identity | None:
@@ -102,7 +102,8 @@ def test_basic_auth_wrong_and_right(ops_app: Flask) -> None:
 
 
 def test_login_brute_force_is_limited(ops_app: Flask) -> None:
-    """After 10 failed logins from one IP, even the right password waits (429)."""
+    """After 10 failed logins from one IP, a client that never logged in waits (429) even
+    with the right password (else it could test guesses); other IPs are unaffected."""
     http = ops_app.test_client()
     codes = [http.get("/quota/", headers=basic("ops", f"guess{i}")).status_code for i in range(10)]
     assert codes == [401] * 10
