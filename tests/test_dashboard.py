@@ -244,3 +244,35 @@ def test_unknown_identity_tags_are_404(ops_app: Flask) -> None:
     http = ops_app.test_client()
     assert http.get("/quota/identity/whatever", headers=OPS).status_code == 404
     assert http.get("/quota/chart.svg?identity=../../x", headers=OPS).status_code == 404
+
+
+def _top_rows(html: str) -> list[tuple[str, str]]:
+    """(kind badge, name) of each top-identity row, as a reader sees them."""
+    body = html.split('<tbody id="top">', 1)[1].split("</tbody>", 1)[0]
+    rows = []
+    for row in re.findall(r"<tr>(.*?)</tr>", body, re.S):
+        kind = re.search(r'<span class="kind[^"]*">([^<]*)</span>', row)
+        name = re.search(r"<a [^>]*>([^<]*)</a>", row)
+        rows.append((kind.group(1) if kind else "", name.group(1) if name else ""))
+    return rows
+
+
+def test_identity_named_like_an_ip_is_not_shown_as_that_ip(ops_app: Flask) -> None:
+    """An identity called "IP 6.6.6.6" and the anonymous caller at 6.6.6.6 are two rows
+    that read differently: a kind badge (user / IP) apart from the verbatim name."""
+    http = ops_app.test_client()
+    http.post("/infer", headers={"X-User": "IP 6.6.6.6"})
+    http.post("/infer", environ_base={"REMOTE_ADDR": "6.6.6.6"})
+    flush(ops_app)
+    rows = _top_rows(http.get("/quota/", headers=OPS).get_data(as_text=True))
+    assert sorted(rows) == [("IP", "6.6.6.6"), ("user", "IP 6.6.6.6")], rows
+    top = http.get("/quota/api/overview", headers=OPS).get_json()["top"]
+    assert sorted((r["kind"], r["name"]) for r in top) == [
+        ("ip", "6.6.6.6"),
+        ("user", "IP 6.6.6.6"),
+    ]
+    for tag, kind in (("id=IP%206.6.6.6", "user"), ("ip=6.6.6.6", "IP")):
+        page = http.get(f"/quota/identity/{tag}", headers=OPS).get_data(as_text=True)
+        heading = re.search(r"<h1>(.*?)</h1>", page, re.S)
+        assert heading is not None
+        assert f'">{kind}</span> <span class="identity">' in heading.group(1), heading.group(1)
