@@ -23,9 +23,9 @@ from flask import (
     url_for,
 )
 
+from flask_quota import Tier
 from flask_quota.admin import AdminError, QuotaAdmin, parse_duration
 from flask_quota.state import get_state
-from flask_quota.tiers import Tier
 
 __all__ = ["ADMIN_ROUTES", "admin", "client_id_of"]
 

@@ -4,106 +4,165 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 from flask import Flask
 
-from flask_quota.plans import Plan
-from flask_quota.policy import TierCheck
-from flask_quota.state import QuotaState, limited_endpoints
+from flask_quota import Plan
+from flask_quota.inspection import (
+    BucketState,
+    Caller,
+    TierCheck,
+    caller_checks,
+    is_tag,
+    peek,
+    plan_of,
+)
+from flask_quota.state import QuotaState
 from flask_quota.storage import StorageError
 from flask_quota.usage import HOUR, MinuteUsage
 
 __all__ = [
+    "KIND_LABELS",
     "Bucket",
+    "Reads",
     "buckets",
     "display_name",
     "identity_checks",
+    "identity_kind",
     "identity_plan",
     "overview",
     "series",
-    "storage_health",
     "valid_tag",
 ]
 
 TOP = 10
+KIND_LABELS = {"ip": "IP", "client": "client", "user": "user"}
+FAIL_MODE_EFFECTS = {
+    "open": "API requests pass without limits",
+    "closed": "API requests are refused with 503",
+    "local": "each worker limits API requests on its own",
+}
+
+# What a storage or usage-sink read raises when Redis is down or hung. The sink
+# talks to the Redis client directly, so its errors are not wrapped in StorageError.
+READ_ERRORS: tuple[type[Exception], ...] = (StorageError, OSError)
+try:  # redis-py is imported only by apps that use Redis
+    from redis.exceptions import RedisClusterException, RedisError
+except ImportError:  # pragma: no cover
+    pass
+else:
+    READ_ERRORS += (RedisError, RedisClusterException)
+
+T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Bucket:
-    tier: str
-    name: str
-    limit: int
-    remaining: int
-    reset_in: int  # seconds until fully replenished
-    rate: str
+class Reads:
+    """The storage reads of one dashboard request.
 
-    @property
-    def used_fraction(self) -> float:
-        return 1 - self.remaining / self.limit if self.limit else 0.0
+    The first read that fails marks the storage down for the rest of the request
+    and every later read is skipped: a hung Redis costs a page one storage
+    timeout, not one per read, and the page still renders, saying what is missing.
+    """
+
+    def __init__(self, state: QuotaState) -> None:
+        self.state = state
+        self.error: str | None = None
+        self._latency_ms: float | None = None
+        self._pinged = False
+
+    def run(self, read: Callable[[], T]) -> T | None:
+        """``read()``, or ``None`` when the storage is (or just turned out to be) down."""
+        if self.error is not None:
+            return None
+        try:
+            return read()
+        except READ_ERRORS as exc:
+            # The kind of failure (ConnectionError, TimeoutError...), not the message:
+            # that may carry the storage's URL.
+            self.error = type(exc.__cause__ or exc).__name__
+            return None
+
+    def health(self) -> dict[str, Any]:
+        """Storage status for the operator: up or down, the fail mode, the breaker."""
+        if not self._pinged:  # once per request, and first, so a dead storage is found fast
+            self._pinged = True
+            latency = self.run(self.state.storage.ping)
+            self._latency_ms = None if latency is None else round(latency * 1000, 2)
+        guard, down = self.state.guard, self.error is not None
+        breaker_open = guard.degraded
+        return {
+            "backend": self.state.storage.name,
+            "status": "down" if down else "up",
+            "up": not down,
+            "latency_ms": self._latency_ms,
+            "error": self.error,
+            "fail_mode": self.state.settings.fail_mode.value,
+            # The fail mode decides API requests whenever the storage fails them.
+            "fail_mode_active": down or breaker_open,
+            "fail_mode_effect": FAIL_MODE_EFFECTS.get(self.state.settings.fail_mode.value, ""),
+            "breaker_open": breaker_open,
+            "probe_every_s": self.state.settings.breaker_cooldown,
+        }
+
+
+Bucket = BucketState  # what the identity pages list
 
 
 def valid_tag(tag: str) -> bool:
     """Identity tags as the extension builds them: ``id=...`` or ``ip=...``."""
-    return tag.startswith(("id=", "ip=")) and 3 < len(tag) <= 300
+    return is_tag(tag)
 
 
 def display_name(tag: str) -> str:
-    kind, _, rest = tag.partition("=")
-    return ("IP " if kind == "ip" else "") + unquote(rest)
+    """The address or identity id of a tag, verbatim (its kind is shown apart, see
+    ``identity_kind``: an identity named "IP 6.6.6.6" is not that IP)."""
+    return unquote(tag.partition("=")[2])
+
+
+def identity_kind(state: QuotaState, tag: str) -> str:
+    """``ip`` (anonymous, by address), ``client`` (an API client in SQL) or ``user``."""
+    identity = Caller.from_tag(tag).identity
+    if identity is None:
+        return "ip" if tag.startswith("ip=") else "user"
+    return "client" if state.catalog().client_plan(identity) is not None else "user"
 
 
 def now_minute() -> int:
     return int(time.time() // 60)
 
 
-def identity_plan(state: QuotaState, tag: str, known: dict[str, str] | None = None) -> Plan:
-    catalog = state.catalog()
-    settings = state.settings
-    if tag.startswith("ip="):
-        return catalog.resolve(settings.anonymous_plan, None, fallback=settings.default_plan)
-    identity_id = unquote(tag[3:])
-    name = catalog.client_plan(identity_id)
-    if name is None:
-        plans = known if known is not None else _plans_of(state, [tag])
-        name = plans.get(tag, settings.default_plan)
-    return catalog.resolve(name, identity_id, fallback=settings.default_plan)
+def identity_plan(
+    state: QuotaState, reads: Reads, tag: str, known: dict[str, str] | None = None
+) -> Plan:
+    """The plan the request path applies to ``tag``; identities the app's own loader
+    knows are on the plan usage last saw them on."""
+    caller = Caller.from_tag(tag)
+    seen = None
+    if not caller.anonymous:
+        plans = known if known is not None else _plans_of(state, reads, [tag])
+        seen = plans.get(tag)
+    return plan_of(state, caller, seen_plan=seen)
 
 
-def _plans_of(state: QuotaState, tags: list[str]) -> dict[str, str]:
-    if state.usage is None:
+def _plans_of(state: QuotaState, reads: Reads, tags: list[str]) -> dict[str, str]:
+    """The plan each identity was last seen on (unknown while the usage sink is down)."""
+    usage = state.usage
+    if usage is None:
         return {}
-    return state.usage.sink.plan_of(tags, now_minute())
+    return reads.run(lambda: usage.sink.plan_of(tags, now_minute())) or {}
 
 
 def identity_checks(app: Flask, state: QuotaState, tag: str, plan: Plan) -> list[TierCheck]:
-    return state.policy.inspection_checks(plan, tag, limited_endpoints(app))
+    """Every bucket ``tag`` owns, as cost-0 checks."""
+    return caller_checks(app, state, Caller.from_tag(tag), plan)
 
 
-def buckets(state: QuotaState, checks: list[TierCheck]) -> list[Bucket] | None:
+def buckets(state: QuotaState, reads: Reads, checks: list[TierCheck]) -> list[Bucket] | None:
     """Every bucket's state read without consuming; ``None`` if the storage is down."""
-    if not checks:
-        return []
-    try:
-        verdict = state.storage.peek([c.check for c in checks])
-    except StorageError:
-        return None
-    result = []
-    for check, outcome in zip(checks, verdict.outcomes, strict=True):
-        reset_in = max(0, -(-(outcome.reset_us - verdict.now_us) // 1_000_000))
-        result.append(
-            Bucket(
-                check.tier.value,
-                check.name,
-                outcome.limit,
-                outcome.remaining,
-                reset_in,
-                str(check.check.rate),
-            )
-        )
-    return result
+    return reads.run(lambda: peek(state, checks))
 
 
 def series(minutes: list[MinuteUsage]) -> dict[str, dict[str, list[int]]]:
@@ -118,24 +177,37 @@ def series(minutes: list[MinuteUsage]) -> dict[str, dict[str, list[int]]]:
     }
 
 
-def storage_health(state: QuotaState) -> dict[str, Any]:
-    try:
-        latency_ms: float | None = round(state.storage.ping() * 1000, 2)
-    except StorageError:
-        latency_ms = None
-    return {
-        "backend": state.storage.name,
-        "latency_ms": latency_ms,
-        "up": latency_ms is not None,
-        "degraded": state.guard.degraded,
-        "fail_mode": state.settings.fail_mode.value,
-    }
+def usage_minutes(state: QuotaState, reads: Reads, tag: str = "") -> list[MinuteUsage] | None:
+    """The last hour of usage, of everyone or of one identity; ``None`` while unreadable."""
+    usage = state.usage
+    if usage is None:
+        return []
+    if tag:
+        return reads.run(lambda: usage.sink.identity_minutes(tag, HOUR, now_minute()))
+    return reads.run(lambda: usage.sink.minutes(HOUR, now_minute()))
 
 
-def overview(app: Flask, state: QuotaState) -> dict[str, Any]:
-    """Totals, the per-tier series of the last hour and the top identities."""
+def overview(app: Flask, state: QuotaState, reads: Reads) -> dict[str, Any]:
+    """Totals, the per-tier series of the last hour and the top identities.
+
+    While the usage cannot be read, the counts are ``None`` (unknown, not zero)
+    and ``usage`` says why.
+    """
+    reads.health()  # first: a dead storage is found by one ping, and later reads are skipped
     minute = now_minute()
-    minutes = state.usage.sink.minutes(HOUR, minute) if state.usage is not None else []
+    minutes = usage_minutes(state, reads)
+    if minutes is None:
+        return {
+            "minute": minute,
+            "usage": "unavailable",
+            "allowed": None,
+            "denied": None,
+            "deny_rate": None,
+            "tiers": {},
+            "series": {},
+            "top": [],
+            "storage": reads.health(),
+        }
     totals: Counter[tuple[str, bool]] = Counter()
     for m in minutes:
         totals.update(m.tiers)
@@ -149,9 +221,12 @@ def overview(app: Flask, state: QuotaState) -> dict[str, Any]:
     allowed, denied = requests[True], requests[False]
     last = minutes[-1].requests if minutes else Counter()
     last_denied, last_total = last[False], last[True] + last[False]
-    top = _top(app, state, [tag for tag, _ in recent_requests.most_common(TOP)], recent_requests)
+    top = _top(
+        app, state, reads, [tag for tag, _ in recent_requests.most_common(TOP)], recent_requests
+    )
     return {
         "minute": minute,
+        "usage": "ok" if state.usage is not None else "off",
         "allowed": allowed,
         "denied": denied,
         "deny_rate": round(100 * last_denied / last_total, 1) if last_total else 0.0,
@@ -161,29 +236,30 @@ def overview(app: Flask, state: QuotaState) -> dict[str, Any]:
         },
         "series": series(minutes),
         "top": top,
-        "storage": storage_health(state),
+        "storage": reads.health(),  # after the reads: one of them may have failed
     }
 
 
 def _top(
-    app: Flask, state: QuotaState, tags: list[str], requests: Counter[str]
+    app: Flask, state: QuotaState, reads: Reads, tags: list[str], requests: Counter[str]
 ) -> list[dict[str, Any]]:
-    known = _plans_of(state, [t for t in tags if t.startswith("id=")])
+    known = _plans_of(state, reads, [t for t in tags if t.startswith("id=")])
     rows: list[dict[str, Any]] = []
     all_checks: list[TierCheck] = []
     spans: list[tuple[str, Plan, int, int]] = []
     for tag in tags:
-        plan = identity_plan(state, tag, known)
+        plan = identity_plan(state, reads, tag, known)
         checks = identity_checks(app, state, tag, plan)
         spans.append((tag, plan, len(all_checks), len(all_checks) + len(checks)))
         all_checks += checks
-    states = buckets(state, all_checks)  # one peek for all of them
+    states = buckets(state, reads, all_checks)  # one peek for all of them
     for tag, plan, start, end in spans:
         mine = states[start:end] if states is not None else []
         closest = min(mine, key=lambda b: (b.remaining / b.limit, b.remaining), default=None)
         rows.append(
             {
                 "tag": tag,
+                "kind": identity_kind(state, tag),
                 "name": display_name(tag),
                 "plan": plan.name,
                 "requests": requests[tag],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, cast
 
 from flask import (
@@ -22,9 +23,9 @@ from flask.blueprints import BlueprintSetupState
 from flask_wtf.csrf import CSRFError, generate_csrf, validate_csrf
 from wtforms import ValidationError
 
-from flask_quota.state import exempt, get_state
+from flask_quota.inspection import Caller, reset
+from flask_quota.state import QuotaState, exempt, get_state
 from flask_quota.storage import StorageError
-from flask_quota.usage import HOUR
 
 from . import chart, data
 from .admin_views import ADMIN_ROUTES, admin, client_id_of
@@ -44,6 +45,14 @@ CSP = (
 def _authenticator() -> Authenticator:
     auth: Authenticator = current_app.extensions["quota_dashboard"]
     return auth
+
+
+def _reads() -> data.Reads:
+    """This request's storage reads: one ping, and no more reads once one failed."""
+    reads: data.Reads | None = g.get("_quota_reads")
+    if reads is None:
+        reads = g._quota_reads = data.Reads(get_state())
+    return reads
 
 
 def make_blueprint() -> Blueprint:
@@ -99,6 +108,11 @@ def make_blueprint() -> Blueprint:
     def helpers() -> dict[str, Any]:
         return {"quota_csrf_token": generate_csrf, "sql_on": get_state().sql is not None}
 
+    @bp.context_processor
+    def storage_status() -> dict[str, Any]:
+        # Called by base.html, so every page shows an outage; lazy, as only our pages need it.
+        return {"quota_storage": lambda: _reads().health(), "kind_labels": data.KIND_LABELS}
+
     # The dashboard is never limited by the app's own quotas (logins are, see auth.py).
     for rule, view, methods in ROUTES + ADMIN_ROUTES:
         bp.add_url_rule(rule, view_func=exempt(view), methods=methods)
@@ -111,28 +125,23 @@ def _app() -> Flask:
 
 
 def overview_page() -> str:
-    state = get_state()
-    return render_template(
-        "quota/overview.html", data=data.overview(_app(), state), usage_on=state.usage is not None
-    )
+    return render_template("quota/overview.html", data=data.overview(_app(), get_state(), _reads()))
 
 
 def overview_api() -> Response:
-    return jsonify(data.overview(_app(), get_state()))
+    return jsonify(data.overview(_app(), get_state(), _reads()))
 
 
 def chart_svg() -> Response:
     state = get_state()
     tag = request.args.get("identity", "")
-    if state.usage is None:
-        minutes = []
-    elif tag:
-        if not data.valid_tag(tag):
-            abort(404)
-        minutes = state.usage.sink.identity_minutes(tag, HOUR, data.now_minute())
-    else:
-        minutes = state.usage.sink.minutes(HOUR, data.now_minute())
-    panels = chart.panels(data.series(minutes))
+    if tag and not data.valid_tag(tag):
+        abort(404)
+    reads = _reads()
+    storage = reads.health()
+    minutes = data.usage_minutes(state, reads, tag)
+    panels = chart.panels(data.series(minutes or []))
+    who = f" for {_label(state, tag)}" if tag else ""
     svg = render_template(
         "quota/chart.svg",
         panels=panels,
@@ -140,38 +149,41 @@ def chart_svg() -> Response:
         height=chart.height(len(panels)),
         left=chart.PAD_LEFT,
         right=chart.PAD_RIGHT,
-        title=f"Requests per minute, last hour{' for ' + data.display_name(tag) if tag else ''}",
+        title=f"Requests per minute, last hour{who}",
+        unavailable=None if minutes is not None else storage["backend"],
     )
     return Response(svg, content_type="image/svg+xml")
+
+
+def _label(state: QuotaState, tag: str) -> str:
+    """``IP 1.2.3.4`` or ``user IP 1.2.3.4``: the kind first, then the name verbatim."""
+    return f"{data.KIND_LABELS[data.identity_kind(state, tag)]} {data.display_name(tag)}"
 
 
 def identity_search() -> Response:
     raw = request.args.get("q", "").strip()
     if not raw:
         return redirect(url_for(".overview_page"))  # type: ignore[return-value]
-    tag = raw if data.valid_tag(raw) else None
-    if tag is None:
-        from flask_quota.identity import client_ip
-        from flask_quota.keys import KeyBuilder
-
-        ip = client_ip(raw)
-        tag = KeyBuilder.ip_tag(ip) if ip != "unknown" else KeyBuilder.identity_tag(raw[:200])
+    tag = raw if data.valid_tag(raw) else Caller.guess(raw[:200]).tag
     return redirect(url_for(".identity_page", tag=tag))  # type: ignore[return-value]
 
 
 def _identity(tag: str) -> dict[str, Any]:
     if not data.valid_tag(tag):
         abort(404)
-    state = get_state()
-    plan = data.identity_plan(state, tag)
+    state, reads = get_state(), _reads()
+    reads.health()  # first: a dead storage is found by one ping, and later reads are skipped
+    plan = data.identity_plan(state, reads, tag)
     checks = data.identity_checks(_app(), state, tag, plan)
-    buckets = data.buckets(state, checks)
+    buckets = data.buckets(state, reads, checks)
     info: dict[str, Any] = {
         "tag": tag,
+        "kind": data.identity_kind(state, tag),
         "name": data.display_name(tag),
         "plan": plan.name,
-        "buckets": None if buckets is None else [b.__dict__ for b in buckets],
+        "buckets": None if buckets is None else [asdict(b) for b in buckets],
         "client": None,
+        "storage": reads.health(),
     }
     client_id = client_id_of(tag)
     if client_id is not None:
@@ -179,7 +191,7 @@ def _identity(tag: str) -> dict[str, Any]:
         client = next((c for c in a.clients() if str(c.id) == client_id), None)
         if client is not None:
             info["client"] = {"id": client.id, "name": client.name}
-            info["name"] = f"{client.name} (client {client.id})"
+            info["name"] = f"{client.name} (id {client.id})"
             info["plans"] = [p.name for p in a.plans()]
             info["overrides"] = a.overrides(client_id)
     return info
@@ -200,16 +212,18 @@ def identity_reset(tag: str) -> Response:
     if not data.valid_tag(tag):
         abort(404)
     state = get_state()
-    plan = data.identity_plan(state, tag)
+    plan = data.identity_plan(state, _reads(), tag)
     checks = data.identity_checks(_app(), state, tag, plan)
+    # Audited first: a reset that then fails leaves a record, never a silent change.
+    admin().record("usage.reset", tag, None, {"keys": len(checks)})
     try:
-        state.storage.clear([c.check.key for c in checks])
+        count = reset(state, checks)
     except StorageError as exc:
-        flash(f"Reset failed: storage unavailable ({exc}).", "error")
+        flash(
+            f"Reset failed: storage unavailable ({type(exc.__cause__ or exc).__name__}).", "error"
+        )
     else:
-        if state.sql is not None:
-            admin().record("usage.reset", tag, None, {"keys": len(checks)})
-        flash(f"Reset {len(checks)} buckets of {data.display_name(tag)}.", "ok")
+        flash(f"Reset {count} buckets of {_label(state, tag)}.", "ok")
     return redirect(url_for(".identity_page", tag=tag))  # type: ignore[return-value]
 
 

@@ -20,7 +20,16 @@ from .plans import Plan, PlanCatalog
 from .policy import TierCheck
 from .state import QuotaState, limited_endpoints
 
-__all__ = ["BucketState", "Caller", "caller_checks", "peek", "plan_of", "reset"]
+__all__ = [
+    "BucketState",
+    "Caller",
+    "TierCheck",
+    "caller_checks",
+    "is_tag",
+    "peek",
+    "plan_of",
+    "reset",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +65,12 @@ class Caller:
         # A digest (%h...) hides the id: the buckets are still found, the plan is the default.
         raw = tag[3:]
         return cls(tag, None, None if raw.startswith("%h") else unquote(raw))
+
+    @classmethod
+    def guess(cls, text: str) -> Caller:
+        """An operator's search: an IP address if ``text`` parses as one, else an identity."""
+        ip = client_ip(text)
+        return cls.of(ip=text) if ip != "unknown" else cls.of(identity=text)
 
     @property
     def anonymous(self) -> bool:

@@ -35,6 +35,7 @@ from playwright.sync_api import (
 from playwright.sync_api import Error as PlaywrightError
 
 from tests.apps.dashboard_demo import serving
+from tests.servers import RedisServer
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -387,3 +388,67 @@ def test_chart_series_are_labelled_with_text(demo: Demo, page: Page) -> None:
     # Each panel labels both lines at their ends (this minute's counts).
     assert sum(bool(re.fullmatch(r"allowed \d+", t)) for t in texts) == 2, texts
     assert sum(bool(re.fullmatch(r"denied \d+", t)) for t in texts) == 2, texts
+
+
+def test_outage_banner_appears_live_when_redis_stops(
+    browser: Browser, tmp_path: Path, own_redis: RedisServer
+) -> None:
+    """With Redis storage, the open overview shows no banner; once redis-server stops, a
+    banner saying the storage is down and which fail mode is active appears, no reload."""
+    env = {
+        "DASHBOARD_DEMO_USER": USER,
+        "DASHBOARD_DEMO_PASSWORD": PASSWORD,
+        "DASHBOARD_DEMO_INSTANCE": str(tmp_path / "instance"),
+        "DASHBOARD_DEMO_SECRET": "browser-test-secret",
+        "QUOTA_STORAGE_URL": own_redis.url,
+        "QUOTA_STORAGE_TIMEOUT": "0.2",
+        "QUOTA_FAIL_MODE": "closed",
+    }
+    ctx = _context(browser, http_credentials={"username": USER, "password": PASSWORD})
+    with serving(env) as (app, base):
+        try:
+            demo = Demo(app, base)
+            assert demo.api("POST", "/infer", user="ada")[0] == 200
+            page = ctx.new_page()
+            page.goto(demo.url("/"))
+            expect(page.locator("#storage")).to_contain_text("redis · up")
+            expect(page.locator("#outage")).to_be_hidden()
+            page.evaluate("window.__marker = 1")
+            own_redis.stop()
+            banner = page.locator("#outage")
+            expect(banner).to_be_visible(timeout=LIVE_DEADLINE_MS)
+            expect(banner).to_contain_text("Storage redis is down")
+            expect(banner).to_contain_text("Fail mode closed is active")
+            expect(page.locator("#storage")).to_contain_text("redis · down")
+            expect(page.locator("#allowed")).to_have_text("\u2013")  # unknown, not zero
+            # An API request meets the dead storage (503): the breaker opens, on the page too.
+            deadline = time.monotonic() + 5
+            while not page.locator("#outage-breaker").is_visible():
+                assert time.monotonic() < deadline, "the breaker never showed as open"
+                assert demo.api("POST", "/infer", user="ada")[0] == 503
+                page.wait_for_timeout(300)
+            assert page.evaluate("window.__marker") == 1, "the page was reloaded"
+            # Every other page says so as well, server-rendered.
+            for path in ("/identity/id=ada", "/plans"):
+                response = page.goto(demo.url(path))
+                assert response is not None and response.status == 200
+                expect(page.locator("#outage")).to_contain_text("is down")
+        finally:
+            ctx.close()
+
+
+def test_identity_named_like_an_ip_reads_differently_live(demo: Demo, page: Page) -> None:
+    """Rows rendered by dashboard.js keep the kind badge apart from the name: the identity
+    "IP 127.0.0.1" and the anonymous caller at 127.0.0.1 read differently."""
+    assert demo.api("GET", "/items", user="IP 127.0.0.1")[0] == 200
+    assert demo.api("GET", "/items")[0] == 200
+    wait_for_top(demo, page, "IP 127.0.0.1")
+    page.goto(demo.url("/"))
+    expect(page.locator("#updated")).to_contain_text("Last update", timeout=LIVE_DEADLINE_MS)
+    rows = page.locator("#top tr")
+    expect(rows).to_have_count(2)
+    seen = sorted(
+        (row.locator(".kind").inner_text(), row.get_by_role("link").inner_text())
+        for row in rows.all()
+    )
+    assert seen == [("IP", "127.0.0.1"), ("user", "IP 127.0.0.1")], seen

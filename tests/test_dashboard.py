@@ -13,7 +13,7 @@ from flask.testing import FlaskClient
 from werkzeug.security import generate_password_hash
 
 from flask_quota import Identity, Quota
-from flask_quota.storage import MemoryStorage
+from flask_quota.storage import MemoryStorage, Storage
 
 PASSWORD = "correct horse battery staple"
 HASH = generate_password_hash(PASSWORD)
@@ -31,7 +31,7 @@ def basic(user: str, password: str) -> dict[str, str]:
 OPS = basic("ops", PASSWORD)
 
 
-def dashboard_app(tmp_path: Path, **config: Any) -> Flask:
+def dashboard_app(tmp_path: Path, storage: Storage | None = None, **config: Any) -> Flask:
     app = Flask(__name__, instance_path=str(tmp_path / "instance"))
     app.secret_key = "test-secret"
     app.config.update(
@@ -41,7 +41,7 @@ def dashboard_app(tmp_path: Path, **config: Any) -> Flask:
             **config,
         }
     )
-    quota = Quota(app, storage=MemoryStorage())
+    quota = Quota(app, storage=storage or MemoryStorage())
 
     @quota.identity_loader
     def load() -> Identity | None:
@@ -102,7 +102,8 @@ def test_basic_auth_wrong_and_right(ops_app: Flask) -> None:
 
 
 def test_login_brute_force_is_limited(ops_app: Flask) -> None:
-    """After 10 failed logins from one IP, even the right password waits (429)."""
+    """After 10 failed logins from one IP, a client that never logged in waits (429) even
+    with the right password (else it could test guesses); other IPs are unaffected."""
     http = ops_app.test_client()
     codes = [http.get("/quota/", headers=basic("ops", f"guess{i}")).status_code for i in range(10)]
     assert codes == [401] * 10
@@ -243,3 +244,35 @@ def test_unknown_identity_tags_are_404(ops_app: Flask) -> None:
     http = ops_app.test_client()
     assert http.get("/quota/identity/whatever", headers=OPS).status_code == 404
     assert http.get("/quota/chart.svg?identity=../../x", headers=OPS).status_code == 404
+
+
+def _top_rows(html: str) -> list[tuple[str, str]]:
+    """(kind badge, name) of each top-identity row, as a reader sees them."""
+    body = html.split('<tbody id="top">', 1)[1].split("</tbody>", 1)[0]
+    rows = []
+    for row in re.findall(r"<tr>(.*?)</tr>", body, re.S):
+        kind = re.search(r'<span class="kind[^"]*">([^<]*)</span>', row)
+        name = re.search(r"<a [^>]*>([^<]*)</a>", row)
+        rows.append((kind.group(1) if kind else "", name.group(1) if name else ""))
+    return rows
+
+
+def test_identity_named_like_an_ip_is_not_shown_as_that_ip(ops_app: Flask) -> None:
+    """An identity called "IP 6.6.6.6" and the anonymous caller at 6.6.6.6 are two rows
+    that read differently: a kind badge (user / IP) apart from the verbatim name."""
+    http = ops_app.test_client()
+    http.post("/infer", headers={"X-User": "IP 6.6.6.6"})
+    http.post("/infer", environ_base={"REMOTE_ADDR": "6.6.6.6"})
+    flush(ops_app)
+    rows = _top_rows(http.get("/quota/", headers=OPS).get_data(as_text=True))
+    assert sorted(rows) == [("IP", "6.6.6.6"), ("user", "IP 6.6.6.6")], rows
+    top = http.get("/quota/api/overview", headers=OPS).get_json()["top"]
+    assert sorted((r["kind"], r["name"]) for r in top) == [
+        ("ip", "6.6.6.6"),
+        ("user", "IP 6.6.6.6"),
+    ]
+    for tag, kind in (("id=IP%206.6.6.6", "user"), ("ip=6.6.6.6", "IP")):
+        page = http.get(f"/quota/identity/{tag}", headers=OPS).get_data(as_text=True)
+        heading = re.search(r"<h1>(.*?)</h1>", page, re.S)
+        assert heading is not None
+        assert f'">{kind}</span> <span class="identity">' in heading.group(1), heading.group(1)

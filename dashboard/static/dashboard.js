@@ -5,10 +5,17 @@
   var root = document.getElementById("overview");
   if (!root) { return; }
   var api = root.dataset.api, chartUrl = root.dataset.chart, identityUrl = root.dataset.identity;
+  var KINDS = { ip: "IP", client: "client", user: "user" };
 
   function setText(id, value) {
     var el = document.getElementById(id);
-    if (el) { el.textContent = String(value); }
+    // null: unknown (the storage is down), which is not zero
+    if (el) { el.textContent = value === null ? "–" : String(value); }
+  }
+
+  function show(id, visible) {
+    var el = document.getElementById(id);
+    if (el) { el.hidden = !visible; }
   }
 
   function cell(row, text) {
@@ -18,21 +25,27 @@
     return td;
   }
 
-  function renderTop(rows) {
+  function renderTop(rows, usage) {
     var body = document.getElementById("top");
     body.replaceChildren();
     if (!rows.length) {
       var empty = document.createElement("tr");
-      cell(empty, "No traffic yet.").colSpan = 4;
+      var text = usage === "unavailable" ? "Unknown while the storage is down." : "No traffic yet.";
+      cell(empty, text).colSpan = 4;
       body.appendChild(empty);
       return;
     }
     rows.forEach(function (r) {
       var tr = document.createElement("tr");
+      var td = cell(tr, "");
+      // The kind is a badge apart from the name: an identity called "IP 6.6.6.6" is not that IP.
+      var kind = document.createElement("span");
+      kind.className = "kind kind-" + r.kind;
+      kind.textContent = KINDS[r.kind] || r.kind;
       var link = document.createElement("a");
       link.href = identityUrl.replace("TAG", encodeURIComponent(r.tag));
       link.textContent = r.name;
-      cell(tr, "").appendChild(link);
+      td.append(kind, " ", link);
       cell(tr, r.plan);
       cell(tr, String(r.requests));
       cell(tr, r.closest ? r.closest.name + ": " + r.closest.remaining + "/" + r.closest.limit + " left" : "–");
@@ -53,8 +66,20 @@
   }
 
   function storageText(s) {
-    var text = s.backend + (s.up ? " · " + s.latency_ms + " ms" : " · DOWN");
-    return s.degraded ? text + " · fail-" + s.fail_mode + " active" : text;
+    var text = s.backend + " · " + s.status + (s.up ? " · " + s.latency_ms + " ms" : "");
+    if (s.fail_mode_active) { text += " · fail mode " + s.fail_mode + " active"; }
+    return s.breaker_open ? text + " · breaker open" : text;
+  }
+
+  function renderOutage(s) {  // the banner of base.html, kept current
+    setText("outage-backend", s.backend);
+    setText("outage-status", s.status);
+    setText("outage-error", s.error ? " (" + s.error + ")" : "");
+    setText("outage-mode", s.fail_mode);
+    setText("outage-effect", s.fail_mode_effect);
+    setText("outage-probe", s.probe_every_s);
+    show("outage-breaker", s.breaker_open);
+    show("outage", s.fail_mode_active);
   }
 
   var busy = false;  // never stack polls behind a slow server
@@ -72,8 +97,10 @@
         setText("denied", data.denied);
         setText("deny-rate", data.deny_rate);
         setText("storage", storageText(data.storage));
+        renderOutage(data.storage);
+        show("usage-unavailable", data.usage === "unavailable");
         renderTiers(data.tiers);
-        renderTop(data.top);
+        renderTop(data.top, data.usage);
         document.getElementById("chart").src = chartUrl + "?t=" + Date.now();
         setText("updated", "Last update " + new Date().toLocaleTimeString() + ".");
       })
