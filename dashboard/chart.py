@@ -61,6 +61,7 @@ def _label_ys(
 
 
 def panels(series: dict[str, dict[str, list[int]]]) -> list[Panel]:
+    """One chart panel per series: allowed and denied lines scaled to its peak."""
     result = []
     for i, (name, data) in enumerate(series.items()):
         top = i * PANEL_HEIGHT

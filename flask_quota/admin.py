@@ -115,6 +115,7 @@ class QuotaAdmin:
     # -- plans --------------------------------------------------------------
 
     def plans(self) -> list[PlanInfo]:
+        """Every plan with its rates, in upgrade order."""
         with self.store.session() as session:
             records = session.scalars(
                 select(PlanRecord).order_by(PlanRecord.position, PlanRecord.id)
@@ -146,6 +147,7 @@ class QuotaAdmin:
     # -- clients ------------------------------------------------------------
 
     def clients(self) -> list[ClientInfo]:
+        """Every client (live and revoked), oldest first."""
         with self.store.session() as session:
             rows = session.scalars(select(Client).order_by(Client.id)).all()
             return [_client_info(row) for row in rows]
@@ -196,6 +198,7 @@ class QuotaAdmin:
     # -- overrides ----------------------------------------------------------
 
     def overrides(self, client_id: int | str | None = None) -> list[OverrideInfo]:
+        """The overrides of one client, or of every client."""
         with self.store.session() as session:
             query = select(Override).order_by(Override.client_id, Override.id)
             if client_id is not None:

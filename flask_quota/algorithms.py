@@ -30,6 +30,8 @@ __all__ = [
 
 
 class Algorithm(StrEnum):
+    """The rate-limiting algorithms (``QUOTA_ALGORITHM``), each with a Lua twin."""
+
     TOKEN_BUCKET = "token_bucket"
     FIXED_WINDOW = "fixed_window"
     SLIDING_WINDOW_LOG = "sliding_window_log"

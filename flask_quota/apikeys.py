@@ -32,16 +32,19 @@ class NewKey:
 
 
 def generate() -> NewKey:
+    """A new random key with its display prefix, salt and hash."""
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     salt = secrets.token_hex(16)
     return NewKey(key, prefix_of(key), salt, digest(key, salt))
 
 
 def prefix_of(key: str) -> str:
+    """The part of a key stored in clear, to show it and to find its row."""
     return key[:PREFIX_LENGTH]
 
 
 def digest(key: str, salt: str) -> str:
+    """The salted HMAC-SHA256 of a key, as stored."""
     return hmac.new(salt.encode(), key.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
 
 

@@ -30,6 +30,7 @@ class CircuitBreaker:
 
     @property
     def is_open(self) -> bool:
+        """True while the storage counts as down."""
         return self._open
 
     def allow(self) -> bool:

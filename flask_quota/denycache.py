@@ -62,6 +62,7 @@ class DenyCache:
         self._denials: dict[str, tuple[_Denial, ...]] = {}
 
     def decide(self, checks: Sequence[Check]) -> Verdict:
+        """Answer a cached denial here; otherwise ask the storage and remember its denials."""
         now = self._clock()
         cached = self._cached(checks, now)
         if cached is not None:
@@ -72,6 +73,7 @@ class DenyCache:
         return verdict
 
     def peek(self, checks: Sequence[Check]) -> Verdict:
+        """The storage's answer, charging nothing (denials are not cached for peeks)."""
         return self.storage.peek(checks)
 
     def clear(self, keys: Sequence[str] = ()) -> None:
@@ -85,9 +87,11 @@ class DenyCache:
                 self._denials.clear()
 
     def ping(self) -> float:
+        """The storage's round-trip latency in seconds."""
         return self.storage.ping()
 
     def close(self) -> None:
+        """Forget every local denial and close the storage."""
         with self._lock:
             self._denials.clear()
         self.storage.close()

@@ -22,6 +22,7 @@ class _Problem(HTTPException):
     """Renders ``problem()`` as ``application/problem+json`` with ``extra_headers()``."""
 
     def problem(self) -> dict[str, Any]:
+        """The RFC 9457 problem object sent as the response body."""
         return {
             "type": "about:blank",
             "title": self.name,
@@ -30,6 +31,7 @@ class _Problem(HTTPException):
         }
 
     def extra_headers(self) -> list[tuple[str, str]]:
+        """Response headers besides ``Content-Type``."""
         return []
 
     def get_body(self, environ: Any = None, scope: dict[str, Any] | None = None) -> str:
@@ -73,6 +75,7 @@ class QuotaExceeded(_Problem, TooManyRequests):
         self.upgrade = upgrade
 
     def problem(self) -> dict[str, Any]:
+        """The 429 problem body: RFC 9457 fields plus the denying tier, its limit and the wait."""
         return {
             "type": PROBLEM_TYPE,
             "title": "Too Many Requests",
@@ -91,6 +94,7 @@ class QuotaExceeded(_Problem, TooManyRequests):
         }
 
     def extra_headers(self) -> list[tuple[str, str]]:
+        """``Retry-After`` in whole seconds, at least 1."""
         return [("Retry-After", str(self.retry_after))]
 
 
@@ -104,9 +108,11 @@ class QuotaUnavailable(_Problem, ServiceUnavailable):
         self.retry_after = max(1, retry_after)
 
     def problem(self) -> dict[str, Any]:
+        """The 503 problem body, with ``retry_after``."""
         return {**super().problem(), "retry_after": self.retry_after}
 
     def extra_headers(self) -> list[tuple[str, str]]:
+        """``Retry-After`` until the next probe of the storage."""
         return [("Retry-After", str(self.retry_after))]
 
 
@@ -118,4 +124,5 @@ class InvalidApiKey(_Problem, Unauthorized):
         super().__init__(f"The API key in the {header} header is unknown, revoked or malformed.")
 
     def extra_headers(self) -> list[tuple[str, str]]:
+        """``WWW-Authenticate`` naming the API-key header."""
         return [("WWW-Authenticate", f'ApiKey header="{self.header}"')]

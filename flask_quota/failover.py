@@ -28,6 +28,7 @@ class GuardedStorage:
 
     @property
     def degraded(self) -> bool:
+        """True while the breaker is open and the fail mode applies."""
         return self.breaker.is_open
 
     def decide(self, checks: Sequence[Check]) -> Verdict | None:

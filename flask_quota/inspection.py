@@ -74,6 +74,7 @@ class Caller:
 
     @property
     def anonymous(self) -> bool:
+        """True for a caller known only by its IP address."""
         return self.identity is None and self.tag.startswith("ip=")
 
 
@@ -95,6 +96,7 @@ class BucketState:
 
     @property
     def used_fraction(self) -> float:
+        """How much of the bucket is used, from 0 to 1."""
         return 1 - self.remaining / self.limit if self.limit else 0.0
 
 

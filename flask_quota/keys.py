@@ -25,6 +25,7 @@ _UNCHANGED_RE = re.compile(rf"[A-Za-z0-9._\-~@=+]{{0,{_MAX_PART}}}")
 
 
 def escape(part: str) -> str:
+    """Percent-encode a client-influenced key part (hashed when long), so it cannot collide."""
     if _UNCHANGED_RE.fullmatch(part):
         return part  # fast path: what quote() would return, without encoding
     raw = part.encode("utf-8", "surrogatepass")  # lone surrogates (from JSON) still encode
@@ -37,25 +38,32 @@ def escape(part: str) -> str:
 
 
 class KeyBuilder:
+    """Storage keys of the three tiers; ``{tag}`` hash tags keep a caller in one Cluster slot."""
+
     def __init__(self, prefix: str = "quota") -> None:
         self.prefix = prefix
 
     @staticmethod
     def ip_tag(ip: str) -> str:
+        """The tag of an anonymous caller or of an IP's global tier: ``ip=...``."""
         return "ip=" + escape(ip)
 
     @staticmethod
     def identity_tag(identity_id: str) -> str:
+        """The tag of an identity: ``id=...``."""
         # Distinct prefixes keep an identity named "ip=1.2.3.4" off that IP's budget.
         return "id=" + escape(identity_id)
 
     def global_key(self, ip_tag: str, algorithm: Algorithm) -> str:
+        """The global tier's key for an IP."""
         return f"{self.prefix}:{{{ip_tag}}}:g:{algorithm.code}"
 
     def user_key(self, tag: str, algorithm: Algorithm) -> str:
+        """The user tier's key for a caller."""
         return f"{self.prefix}:{{{tag}}}:u:{algorithm.code}"
 
     def endpoint_key(self, tag: str, method: str, resource: str, algorithm: Algorithm) -> str:
+        """The endpoint tier's key: caller, method and resource."""
         return f"{self.prefix}:{{{tag}}}:e:{escape(method)}:{escape(resource)}:{algorithm.code}"
 
 

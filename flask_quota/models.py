@@ -71,6 +71,7 @@ _ALGORITHMS = ", ".join(f"'{algorithm.value}'" for algorithm in Algorithm)
 
 
 def utcnow() -> datetime:
+    """The current time, timezone-aware in UTC."""
     return datetime.now(UTC)
 
 

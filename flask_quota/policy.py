@@ -49,6 +49,7 @@ class Decision:
 
     @classmethod
     def from_verdict(cls, plan: str, checks: list[TierCheck], verdict: Verdict) -> Decision:
+        """Pair each check with the storage's outcome for it."""
         results = tuple(
             TierResult(c.tier, c.name, c.check.rate, o)
             for c, o in zip(checks, verdict.outcomes, strict=True)
@@ -57,6 +58,7 @@ class Decision:
 
     @property
     def allowed(self) -> bool:
+        """True when every tier allowed the request."""
         return all(r.outcome.allowed for r in self.results)
 
     @property

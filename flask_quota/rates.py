@@ -48,6 +48,7 @@ class Rate:
 
     @property
     def window_us(self) -> int:
+        """The window in microseconds, the unit the algorithms count in."""
         return self.window * US
 
     @property

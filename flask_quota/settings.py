@@ -20,6 +20,8 @@ E = TypeVar("E", bound=StrEnum)
 
 
 class HeaderMode(StrEnum):
+    """Which rate-limit headers to send (``QUOTA_HEADERS``)."""
+
     LEGACY = "legacy"
     IETF = "ietf"
     BOTH = "both"
@@ -27,6 +29,8 @@ class HeaderMode(StrEnum):
 
 
 class FailMode(StrEnum):
+    """What requests get while the storage fails (``QUOTA_FAIL_MODE``)."""
+
     OPEN = "open"
     CLOSED = "closed"
     LOCAL = "local"

@@ -41,6 +41,7 @@ class OverrideRule:
     expires_at: float | None = None  # Unix seconds; None: until removed
 
     def live(self, now: float) -> bool:
+        """True until the override's expiry (Unix seconds ``now``)."""
         return self.expires_at is None or now < self.expires_at
 
 

@@ -1,4 +1,4 @@
-"""Helpers for the test suites of apps that use flask-quota.
+"""Helpers for the test suites of apps that use flask-quota::
 
     from flask_quota.testing import FrozenClock, assert_limited, quota_disabled, reset_all
 

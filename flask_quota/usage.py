@@ -74,6 +74,7 @@ class MemoryUsageSink:
         self._plans: dict[str, str] = {}
 
     def add(self, batch: Batch, plans: dict[str, str]) -> None:
+        """Add a flushed batch of counts and the plans its identities were seen on."""
         with self._lock:
             for (minute, identity, tier, allowed), count in batch.items():
                 usage = self._minutes.setdefault(minute, MinuteUsage(minute))

@@ -44,6 +44,7 @@ class Verdict:
 
     @property
     def allowed(self) -> bool:
+        """True when every check allowed."""
         return all(o.allowed for o in self.outcomes)
 
 
@@ -81,6 +82,8 @@ def wraps_errors(
 
 
 class Storage(Protocol):
+    """What every backend implements; ``name`` is its URL scheme."""
+
     name: str
 
     def decide(self, checks: Sequence[Check]) -> Verdict:
@@ -95,4 +98,5 @@ class Storage(Protocol):
     def ping(self) -> float:
         """Round-trip latency in seconds; raises ``StorageError`` when down."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what the backend holds (connections, memory)."""

@@ -106,24 +106,29 @@ class ClusterStorage:
 
     @wraps_errors(*REDIS_ERRORS)
     def decide(self, checks: Sequence[Check]) -> Verdict:
+        """Charge every check if all of them allow; otherwise charge none."""
         return self._run(checks, "decide")
 
     @wraps_errors(*REDIS_ERRORS)
     def peek(self, checks: Sequence[Check]) -> Verdict:
+        """Answer as ``decide`` would without changing anything."""
         return self._run(checks, "peek")
 
     @wraps_errors(*REDIS_ERRORS)
     def clear(self, keys: Sequence[str]) -> None:
+        """Forget the state of ``keys`` (a reset)."""
         if keys:
             self._connected()[0].delete(*keys)  # split per slot by the cluster client
 
     @wraps_errors(*REDIS_ERRORS)
     def ping(self) -> float:
+        """Round-trip latency in seconds; raises ``StorageError`` when down."""
         start = time.perf_counter()
         self._connected()[0].ping()
         return time.perf_counter() - start
 
     def close(self) -> None:
+        """Release the backend's connections (or, in memory, its state)."""
         with self._lock:
             if self._client is not None:
                 self._client.close()

@@ -38,20 +38,25 @@ class MemoryStorage:
         return len(self._data)
 
     def decide(self, checks: Sequence[Check]) -> Verdict:
+        """Charge every check if all of them allow; otherwise charge none."""
         return self._run(checks, commit=True)
 
     def peek(self, checks: Sequence[Check]) -> Verdict:
+        """Answer as ``decide`` would without changing anything."""
         return self._run(checks, commit=False)
 
     def clear(self, keys: Sequence[str]) -> None:
+        """Forget the state of ``keys`` (a reset)."""
         with self._lock:
             for key in keys:
                 self._drop(key)
 
     def ping(self) -> float:
+        """Always 0: there is no round trip."""
         return 0.0
 
     def close(self) -> None:
+        """Forget every key."""
         with self._lock:
             self._data.clear()
             self._slots.clear()

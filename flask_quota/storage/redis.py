@@ -51,6 +51,7 @@ class RedisStorage:
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float, clock: Clock | None = None) -> RedisStorage:
+        """``redis://``, ``rediss://`` or ``unix://``; ``clock`` replaces Redis ``TIME`` (tests)."""
         client = redis.Redis.from_url(
             url,
             socket_timeout=timeout,
@@ -63,23 +64,28 @@ class RedisStorage:
         return cls(client, clock=clock)
 
     def decide(self, checks: Sequence[Check]) -> Verdict:
+        """Charge every check if all of them allow; otherwise charge none."""
         return self._call("decide", checks)
 
     def peek(self, checks: Sequence[Check]) -> Verdict:
+        """Answer as ``decide`` would without changing anything."""
         return self._call("peek", checks)
 
     @wraps_errors(*REDIS_ERRORS)
     def clear(self, keys: Sequence[str]) -> None:
+        """Forget the state of ``keys`` (a reset)."""
         if keys:
             self.client.delete(*keys)
 
     @wraps_errors(*REDIS_ERRORS)
     def ping(self) -> float:
+        """Round-trip latency in seconds; raises ``StorageError`` when down."""
         start = time.perf_counter()
         self.client.ping()
         return time.perf_counter() - start
 
     def close(self) -> None:
+        """Release the backend's connections (or, in memory, its state)."""
         self.client.close()
 
     @wraps_errors(*REDIS_ERRORS)

@@ -34,6 +34,7 @@ class SentinelStorage(RedisStorage):
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float, clock: Clock | None = None) -> SentinelStorage:
+        """``redis+sentinel://[:password@]host:port[,host:port...]/service[/db]``."""
         sentinels, service, options, sentinel_options = parse_sentinel_url(url)
         timeouts = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
         manager = Sentinel(  # type: ignore[no-untyped-call]
