@@ -89,22 +89,34 @@ class PlanCatalog(Mapping[str, Plan]):
         return None
 
 
-# The seed's table (SPEC section 2).
+# The seed's table (SPEC section 2), plus an ``ai_tokens`` budget metered after the fact.
 DEFAULT_PLANS: dict[str, dict[str, Any]] = {
     "free": {
         "global": "50/second",
         "user": "100/minute",
-        "resources": {"ai_inference": "5/minute", "bulk_search": "10/minute"},
+        "resources": {
+            "ai_inference": "5/minute",
+            "bulk_search": "10/minute",
+            "ai_tokens": "2000/hour",  # metered with quota.charge (the demo's /v1/ai/chat)
+        },
     },
     "pro": {
         "global": "50/second",
         "user": "500/minute",
-        "resources": {"ai_inference": "30/minute", "bulk_search": "60/minute"},
+        "resources": {
+            "ai_inference": "30/minute",
+            "bulk_search": "60/minute",
+            "ai_tokens": "20000/hour",
+        },
     },
     "enterprise": {
         "global": "200/second",
         "user": "2000/minute",
-        "resources": {"ai_inference": "120/minute", "bulk_search": "300/minute"},
+        "resources": {
+            "ai_inference": "120/minute",
+            "bulk_search": "300/minute",
+            "ai_tokens": "100000/hour",
+        },
     },
 }
 

@@ -522,3 +522,25 @@ def test_storage_signals_once_per_breaker_change(app: Flask, own_redis: Any) -> 
         for _ in range(3):
             http.get("/r")
     assert len(failed) == 1 and recovered == [app]
+
+
+def test_demo_chat_meters_tokens(tmp_path: Any) -> None:
+    """The demo's /v1/ai/chat charges the tokens it generated on ai_tokens (free: 2000/hour):
+    five 400-token answers overdraw it, the sixth call waits; /v1/ai/infer is untouched."""
+    from wsgi import create_app
+
+    app = create_app(
+        {
+            "QUOTA_DASHBOARD_URL": None,
+            "QUOTA_DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
+        }
+    )
+    http = app.test_client()
+    prompt = {"prompt": "word " * 200}
+    replies = [http.post("/v1/ai/chat", json=prompt) for _ in range(6)]
+    assert [r.status_code for r in replies] == [200] * 5 + [429]
+    assert all(r.get_json()["tokens"] == 400 for r in replies[:5])
+    assert replies[5].get_json()["resource"] == "ai_tokens"
+    assert replies[5].get_json()["retry_after"] >= 1
+    assert http.post("/v1/ai/infer").status_code == 200
+    app.extensions["quota"].sql.close()
