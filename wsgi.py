@@ -60,7 +60,13 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     def index() -> Any:
         return jsonify(
             service="flask-quota demo",
-            endpoints=["GET /v1/items", "GET /v1/search?q=", "POST /v1/ai/infer", "GET /healthz"],
+            endpoints=[
+                "GET /v1/items",
+                "GET /v1/search?q=",
+                "POST /v1/ai/infer",
+                "POST /v1/ai/chat",
+                "GET /healthz",
+            ],
             api_key_header=app.config["QUOTA_API_KEY_HEADER"],
             worker=os.getpid(),  # which gunicorn worker answered
         )
@@ -79,6 +85,18 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     @quota.limit(resource="ai_inference")
     def infer() -> Any:
         return jsonify(output="a thoughtful answer", tokens=42)
+
+    @app.post("/v1/ai/chat")
+    @quota.limit(resource="ai_tokens")
+    def chat() -> Any:
+        # Metered by the tokens generated, known only once the answer exists:
+        # charged after the response, so a long answer can overdraw the budget
+        # and the caller's next chat waits until it is paid off.
+        prompt = str((request.get_json(silent=True) or {}).get("prompt", ""))[:2000]
+        answer = " ".join(["token"] * min(400, 20 + len(prompt.split()) * 3))
+        tokens = len(answer.split())
+        quota.charge(tokens)
+        return jsonify(output=answer, tokens=tokens)
 
     @app.get("/healthz")
     @quota.exempt

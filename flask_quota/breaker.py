@@ -15,8 +15,11 @@ log = logging.getLogger("flask_quota")
 class CircuitBreaker:
     """Closed: every call goes through. Open: one probe per ``cooldown`` seconds.
 
-    State changes are logged once each, not once per request.
+    State changes are logged once each, not once per request, and reported to
+    ``on_change(error)`` when set: the error on opening, ``None`` on closing.
     """
+
+    on_change: Callable[[BaseException | None], None] | None = None
 
     def __init__(
         self, name: str, *, cooldown: float = 1.0, clock: Callable[[], float] = time.monotonic
@@ -47,14 +50,18 @@ class CircuitBreaker:
     def succeeded(self) -> None:
         if self._open:
             with self._lock:
-                if self._open:
-                    self._open = False
-                    log.warning("flask-quota: %s storage recovered; limits apply again", self.name)
+                if not self._open:
+                    return
+                self._open = False
+                log.warning("flask-quota: %s storage recovered; limits apply again", self.name)
+            if self.on_change is not None:
+                self.on_change(None)
 
     def failed(self, error: BaseException, fail_mode: str) -> None:
         with self._lock:
             self._next_probe = self._clock() + self.cooldown
-            if not self._open:
+            opened = not self._open
+            if opened:
                 self._open = True
                 log.error(
                     "flask-quota: %s storage failed (%s); fail mode %r until it recovers, "
@@ -64,6 +71,8 @@ class CircuitBreaker:
                     fail_mode,
                     self.cooldown,
                 )
+        if opened and self.on_change is not None:
+            self.on_change(error)
 
     def seconds_to_probe(self) -> float:
         return max(0.0, self._next_probe - self._clock())

@@ -76,6 +76,20 @@ class DenyCache:
         """The storage's answer, charging nothing (denials are not cached for peeks)."""
         return self.storage.peek(checks)
 
+    def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
+        """Refund in the storage; a denial cached for these keys may no longer hold."""
+        self.storage.refund(checks, charged_at_us)
+        self._forget(checks)
+
+    def charge(self, checks: Sequence[Check]) -> None:
+        self.storage.charge(checks)
+
+    def _forget(self, checks: Sequence[Check]) -> None:
+        if self._denials:
+            with self._lock:
+                for check in checks:
+                    self._denials.pop(check.key, None)
+
     def clear(self, keys: Sequence[str] = ()) -> None:
         """Forget ``keys`` in the storage and here; with no keys, forget every local denial."""
         self.storage.clear(keys)

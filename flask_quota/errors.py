@@ -11,7 +11,13 @@ from .clock import ceil_seconds
 from .policy import Decision
 from .tiers import Tier
 
-__all__ = ["PROBLEM_TYPE", "InvalidApiKey", "QuotaExceeded", "QuotaUnavailable"]
+__all__ = [
+    "PROBLEM_TYPE",
+    "InvalidApiKey",
+    "QuotaExceeded",
+    "QuotaUnavailable",
+    "retry_after_seconds",
+]
 
 PROBLEM_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
@@ -65,12 +71,12 @@ class QuotaExceeded(_Problem, TooManyRequests):
         self.decision = decision
         self.tier = denied.tier
         self.policy = denied.name
-        self.resource = denied.name if denied.tier is Tier.ENDPOINT else None
+        self.resource = denied.resource
         self.plan = decision.plan
         self.limit = outcome.limit
         self.window = window
-        self.remaining = outcome.remaining
-        self.retry_after = max(1, decision.seconds_until(decision.now_us + outcome.retry_after_us))
+        self.remaining = max(0, outcome.remaining)  # a charge after the fact may owe more
+        self.retry_after = retry_after_seconds(decision)
         self.reset = ceil_seconds(outcome.reset_us)
         self.upgrade = upgrade
 
@@ -96,6 +102,13 @@ class QuotaExceeded(_Problem, TooManyRequests):
     def extra_headers(self) -> list[tuple[str, str]]:
         """``Retry-After`` in whole seconds, at least 1."""
         return [("Retry-After", str(self.retry_after))]
+
+
+def retry_after_seconds(decision: Decision) -> int:
+    """``Retry-After`` of a denied decision: whole seconds, at least 1."""
+    denied = decision.denied
+    wait = denied.outcome.retry_after_us if denied is not None else 0
+    return max(1, decision.seconds_until(decision.now_us + wait))
 
 
 class QuotaUnavailable(_Problem, ServiceUnavailable):

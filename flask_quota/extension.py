@@ -6,25 +6,27 @@ import logging
 import os
 import shlex
 import sys
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from flask import Flask, Request, Response, current_app, g, request
+from flask import Blueprint, Flask, Request, Response, current_app, g, request
 
-from . import inspection, validators
+from . import inspection, signals, validators
 from .breaker import CircuitBreaker
 from .denycache import DenyCache
-from .errors import InvalidApiKey, QuotaExceeded
+from .errors import InvalidApiKey, QuotaExceeded, retry_after_seconds
 from .failover import GuardedStorage
 from .headers import apply_headers, rate_limit_headers
 from .identity import Identity, plausible_api_key
 from .keys import KeyBuilder, remote_ip_tag
-from .policy import Decision, LimitSpec, Policy
-from .rates import Rate, parse_rate
+from .policy import Decision, LimitSpec, Policy, TierCheck
+from .rates import Rate, Rates, parse_rates
 from .settings import DEFAULTS, Settings, reference
 from .sql_store import SqlStore
-from .state import EXEMPT_ATTR, LIMIT_ATTR, QuotaState, exempt, get_state, limit_of
+from .state import LIMIT_ATTR, QuotaState, exempt, get_state, limit_of
 from .storage import Storage, storage_from_url
+from .tiers import Tier
 from .usage import UsageRecorder, usage_sink
 
 if TYPE_CHECKING:
@@ -34,7 +36,7 @@ __all__ = ["Quota"]
 
 log = logging.getLogger("flask_quota")
 
-F = TypeVar("F", bound=Callable[..., Any])
+V = TypeVar("V", bound=Callable[..., Any] | Blueprint)
 
 def _gunicorn_workers() -> int | None:
     """Workers of the gunicorn serving us, from its command line; None if unknown."""
@@ -72,6 +74,7 @@ class Quota:
         self._db = db
         self._identity_loader: Callable[[], Identity | None] | None = None
         self._api_key_loader: Callable[[str], Identity | None] | None = None
+        self._request_filters: list[Callable[[], bool]] = []
         if app is not None:
             self.init_app(app)
 
@@ -96,6 +99,7 @@ class Quota:
         if storage is None:
             storage = storage_from_url(settings.storage_url, timeout=settings.storage_timeout)
         breaker = CircuitBreaker(storage.name, cooldown=settings.breaker_cooldown)
+        breaker.on_change = _storage_signals(app)
         # Plans, API keys and overrides come from SQL: the host's `db`, or our own
         # engine for QUOTA_DATABASE_URL (a SQLite file in the instance folder by default).
         sql = SqlStore(settings, db=self._db, instance_path=app.instance_path)
@@ -137,16 +141,27 @@ class Quota:
 
     def limit(
         self,
-        rate: str | Rate | None = None,
+        rate: str | Rate | Rates | None = None,
         *,
         resource: str | None = None,
         cost: int | Callable[[], int] = 1,
-    ) -> Callable[[F], F]:
-        """Add the endpoint tier to a view. The rate comes from the caller's plan
-        for ``resource``, falling back to the literal ``rate``. ``cost`` (an int or a
-        callable returning one) weighs the request in the endpoint tier.
+        key: Callable[[], str] | None = None,
+        per_method: bool = True,
+        charge_when: Callable[[Response], bool] | None = None,
+        exempt_when: Callable[[], bool] | None = None,
+    ) -> Callable[[V], V]:
+        """Add the endpoint tier to a view, or to every view of a blueprint.
+
+        The rates come from the caller's plan for ``resource``, falling back to
+        the literal ``rate`` (one rate or several, ``"10/second, 10000/day"``).
+        ``cost`` (an int or a callable returning one) weighs the request.
+        ``key()`` names the bucket's owner (e.g. an organisation) instead of the
+        caller. ``per_method=False`` shares one bucket across methods (``HEAD``
+        always counts as ``GET``). ``charge_when(response)`` returning False
+        refunds the request after the response. ``exempt_when()`` returning True
+        skips this limit for the request.
         """
-        parsed = parse_rate(rate) if rate is not None else None
+        parsed = parse_rates(rate) if rate is not None else None
         if resource is not None:
             validators.resource_name(resource)
         if parsed is None and resource is None:
@@ -156,19 +171,48 @@ class Quota:
             )
         if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 0):
             raise ValueError(f"cost must be a non-negative int or a callable, got {cost!r}")
-        spec = LimitSpec(parsed, resource, cost)
+        hooks = {"key": key, "charge_when": charge_when, "exempt_when": exempt_when}
+        for name, hook in hooks.items():
+            if hook is not None and not callable(hook):
+                raise ValueError(f"{name} must be a callable, got {hook!r}")
+        spec = LimitSpec(parsed, resource, cost, key, bool(per_method), charge_when, exempt_when)
 
-        def decorator(view: F) -> F:
+        def decorator(view: V) -> V:
             if limit_of(view) is not None:
-                raise ValueError(f"{view.__name__} already has a @quota.limit; use one per view")
+                what = getattr(view, "name", None) or getattr(view, "__name__", repr(view))
+                raise ValueError(f"{what} already has a @quota.limit; use one per view")
             setattr(view, LIMIT_ATTR, spec)
             return view
 
         return decorator
 
-    def exempt(self, view: F) -> F:
-        """No tier applies to this view."""
+    def exempt(self, view: V) -> V:
+        """No tier applies to this view, or to any view of this blueprint."""
         return exempt(view)
+
+    def request_filter(self, check: Callable[[], bool]) -> Callable[[], bool]:
+        """Register ``check() -> bool``; True: no tier applies to the request, no headers."""
+        self._request_filters.append(check)
+        return check
+
+    def charge(self, units: int) -> None:
+        """Charge ``units`` more on this request's endpoint tier, after the response.
+
+        For work known only at the end (tokens an AI model generated). The charge
+        is made whether or not it fits: the bucket may go into debt, and the next
+        request waits until it is paid off. Call it in a view with ``@quota.limit``.
+        """
+        if isinstance(units, bool) or not isinstance(units, int) or units < 0:
+            raise ValueError(f"quota.charge() takes an int >= 0, got {units!r}")
+        endpoint = request.endpoint
+        app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
+        if endpoint is None or get_state(app).view_limit(app, endpoint)[1] is None:
+            raise RuntimeError(
+                f"quota.charge() in {endpoint!r}, which has no @quota.limit: there is no "
+                "endpoint tier to charge; decorate the view with @quota.limit(...)"
+            )
+        scope = g._get_current_object()
+        scope._quota_extra = scope.__dict__.get("_quota_extra", 0) + units
 
     def identity_loader(
         self, loader: Callable[[], Identity | None]
@@ -227,15 +271,19 @@ class Quota:
         app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
         state = get_state(app)
         settings = state.settings
-        if not settings.enabled:
+        if not settings.enabled or req.method in settings.exempt_methods:
             return
+        for check in self._request_filters:
+            if check():
+                return
         endpoint = req.endpoint
-        view = app.view_functions.get(endpoint) if endpoint else None
-        if endpoint is not None and endpoint.rpartition(".")[2] == "static":
-            return  # static files (the app's and blueprints') are not the API
-        if getattr(view, EXEMPT_ATTR, False):
-            return
-        spec: LimitSpec | None = getattr(view, LIMIT_ATTR, None)
+        spec: LimitSpec | None = None
+        if endpoint is not None:
+            exempt, spec = state.views.get(endpoint) or state.view_limit(app, endpoint)
+            if exempt:
+                return
+            if spec is not None and spec.exempt_when is not None and spec.exempt_when():
+                spec = None
 
         identity = self._identify(settings, req)
         ip_tag = remote_ip_tag(req.remote_addr)
@@ -250,10 +298,16 @@ class Quota:
 
         resource = (spec.resource or endpoint) if spec is not None else None
         cost = 1
+        endpoint_tag = None
         if spec is not None:
             cost = spec.cost() if callable(spec.cost) else spec.cost
             if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
                 raise TypeError(f"cost callable of {endpoint!r} returned {cost!r}, not an int >= 0")
+            if spec.key is not None:
+                owner = spec.key()
+                if not isinstance(owner, str) or not owner:
+                    raise TypeError(f"key callable of {endpoint!r} returned {owner!r}, not a str")
+                endpoint_tag = KeyBuilder.key_tag(owner)
         checks = state.policy.checks(
             plan,
             ip_tag=ip_tag,
@@ -262,6 +316,7 @@ class Quota:
             spec=spec,
             resource=resource,
             cost=cost,
+            endpoint_tag=endpoint_tag,
         )
         if not checks:
             return
@@ -274,9 +329,14 @@ class Quota:
         scope._quota_who = tag
         denied = decision.denied
         if denied is not None:
-            resource_name = denied.name if spec is not None and denied.name == resource else None
+            if signals.quota_exceeded.receivers:
+                signals.quota_exceeded.send(app, decision=decision)
+            resource_name = denied.resource if denied.resource == resource else None
             upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
             raise QuotaExceeded(decision, upgrade=upgrade)
+        if spec is not None:  # for charge_when and quota.charge, after the response
+            scope._quota_spec = spec
+            scope._quota_checks = checks
 
     def _identify(self, settings: Settings, req: Request) -> Identity | None:
         if self._identity_loader is not None:
@@ -304,10 +364,51 @@ class Quota:
         decision: Decision | None = scope.__dict__.pop("_quota", None)
         if decision is not None:
             state = get_state(current_app._get_current_object())  # type: ignore[attr-defined]
-            apply_headers(response.headers, rate_limit_headers(decision, state.settings.headers))
+            if "_quota_spec" in scope.__dict__:
+                decision = self._settle(state, scope, decision, response)
+            headers = response.headers
+            apply_headers(headers, rate_limit_headers(decision, state.settings.headers))
+            if decision.denied is not None and "Retry-After" not in headers:
+                # The app's own @app.errorhandler(QuotaExceeded) answered.
+                headers["Retry-After"] = str(retry_after_seconds(decision))
             if state.usage is not None:
                 state.usage.record(scope._quota_who, decision.plan, decision.usage_outcomes())
         return response
+
+    def _settle(
+        self, state: QuotaState, scope: Any, decision: Decision, response: Response
+    ) -> Decision:
+        """After an admitted response: refund it if ``charge_when`` says no, else charge
+        what the view added with ``quota.charge``. One storage call at most."""
+        spec: LimitSpec = scope.__dict__.pop("_quota_spec")
+        checks: list[TierCheck] = scope.__dict__.pop("_quota_checks")
+        extra: int = scope.__dict__.pop("_quota_extra", 0)
+        if spec.charge_when is not None and not spec.charge_when(response):
+            # Not counted: its cost comes back, and anything it charged on top is void.
+            refund = [c.check for c in checks if c.tier is Tier.ENDPOINT]
+            if refund and refund[0].cost > 0:
+                state.guard.refund(refund, decision.now_us)
+                return decision.adjusted(refund[0].cost, state.policy.algorithm)
+            return decision
+        if extra:
+            state.guard.charge(state.policy.endpoint_checks(checks, extra))
+            return decision.adjusted(-extra, state.policy.algorithm)
+        return decision
+
+def _storage_signals(app: Flask) -> Callable[[BaseException | None], None]:
+    """The breaker's ``on_change``: ``storage_failed`` / ``storage_recovered`` for ``app``."""
+    ref = weakref.ref(app)  # the breaker lives in app.extensions: no cycle through it
+
+    def on_change(error: BaseException | None) -> None:
+        sender = ref()
+        if sender is None:
+            return
+        if error is None:
+            signals.storage_recovered.send(sender)
+        else:
+            signals.storage_failed.send(sender, error=error)
+
+    return on_change
 
 
 Quota.init_app.__doc__ = (Quota.init_app.__doc__ or "").replace(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .breaker import CircuitBreaker
 from .errors import QuotaUnavailable
@@ -11,6 +12,8 @@ from .settings import FailMode
 from .storage import Check, MemoryStorage, Storage, StorageError, Verdict
 
 __all__ = ["GuardedStorage"]
+
+log = logging.getLogger("flask_quota")
 
 
 class GuardedStorage:
@@ -46,3 +49,31 @@ class GuardedStorage:
         if self.mode is FailMode.CLOSED:
             raise QuotaUnavailable(math.ceil(self.breaker.seconds_to_probe()))
         return None
+
+    def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
+        """Give a charge back (``charge_when`` said no). See ``adjust``."""
+        self._after(lambda store: store.refund(checks, charged_at_us), "refund")
+
+    def charge(self, checks: Sequence[Check]) -> None:
+        """Charge after the response (``quota.charge``), past the limit if need be."""
+        self._after(lambda store: store.charge(checks), "charge")
+
+    def _after(self, call: Callable[[Storage], None], what: str) -> None:
+        """Run a correction after the response, through the breaker like ``decide``.
+
+        While the breaker is open the decision came from the fallback, so the
+        correction goes there too (or nowhere, failing open or closed). A failed
+        correction cannot refuse a response already made: it is lost, and logged
+        once by the breaker (a lost refund only under-admits).
+        """
+        if self.breaker.allow():
+            try:
+                call(self.storage)
+            except StorageError as exc:
+                self.breaker.failed(exc, self.mode.value)
+                log.debug("flask-quota: %s lost: %s", what, exc)
+            else:
+                self.breaker.succeeded()
+            return
+        if self.fallback is not None:
+            call(self.fallback)

@@ -38,7 +38,7 @@ def rate_limit_headers(decision: Decision, mode: HeaderMode) -> list[tuple[str, 
     if mode in (HeaderMode.LEGACY, HeaderMode.BOTH):
         headers += [
             ("X-RateLimit-Limit", str(outcome.limit)),
-            ("X-RateLimit-Remaining", str(outcome.remaining)),
+            ("X-RateLimit-Remaining", str(max(0, outcome.remaining))),
             ("X-RateLimit-Reset", str(ceil_seconds(outcome.reset_us))),
             ("X-RateLimit-Resource", _printable(shown.name)),
         ]
@@ -49,7 +49,7 @@ def rate_limit_headers(decision: Decision, mode: HeaderMode) -> list[tuple[str, 
         reset_in = decision.seconds_until(outcome.reset_us)
         headers += [
             ("RateLimit-Policy", policies),
-            ("RateLimit", f"{sf_string(shown.name)};r={outcome.remaining};t={reset_in}"),
+            ("RateLimit", f"{sf_string(shown.name)};r={max(0, outcome.remaining)};t={reset_in}"),
         ]
     return headers
 

@@ -54,6 +54,11 @@ class KeyBuilder:
         # Distinct prefixes keep an identity named "ip=1.2.3.4" off that IP's budget.
         return "id=" + escape(identity_id)
 
+    @staticmethod
+    def key_tag(value: str) -> str:
+        """The tag of a ``key=`` bucket (an organisation, a tenant): never an identity's or IP's."""
+        return "k=" + escape(value)
+
     def global_key(self, ip_tag: str, algorithm: Algorithm) -> str:
         """The global tier's key for an IP."""
         return f"{self.prefix}:{{{ip_tag}}}:g:{algorithm.code}"

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .rates import Rate, parse_rate
+from .rates import Rate, Rates, parse_rates
 from .tiers import Tier
 
 __all__ = ["DEFAULT_PLANS", "Plan", "PlanCatalog", "catalog_from_config"]
@@ -14,16 +14,29 @@ __all__ = ["DEFAULT_PLANS", "Plan", "PlanCatalog", "catalog_from_config"]
 
 @dataclass(frozen=True)
 class Plan:
-    """Rates of one plan. A tier without a rate does not apply to the plan."""
+    """Rates of one plan. A tier without a rate does not apply to the plan.
+
+    Each tier and resource holds ``Rates`` (one or more); a single ``Rate``
+    given here is taken as ``Rates`` of one.
+    """
 
     name: str
-    global_rate: Rate | None = None
-    user_rate: Rate | None = None
-    resources: Mapping[str, Rate] = field(default_factory=dict)
+    global_rate: Rates | None = None
+    user_rate: Rates | None = None
+    resources: Mapping[str, Rates] = field(default_factory=dict)
     description: str = ""
     upgrade: str | None = None  # overrides the generated hint in 429 bodies
 
-    def rate_for(self, tier: Tier, resource: str | None = None) -> Rate | None:
+    def __post_init__(self) -> None:
+        for name in ("global_rate", "user_rate"):
+            value: Rate | Rates | None = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, parse_rates(value))
+        if any(not isinstance(r, Rates) for r in self.resources.values()):
+            resources = {k: parse_rates(v) for k, v in self.resources.items()}
+            object.__setattr__(self, "resources", resources)
+
+    def rate_for(self, tier: Tier, resource: str | None = None) -> Rates | None:
         if tier is Tier.GLOBAL:
             return self.global_rate
         if tier is Tier.USER:
@@ -71,31 +84,39 @@ class PlanCatalog(Mapping[str, Plan]):
         later = self._order[self._order.index(plan) + 1 :] if plan in self._plans else []
         for name in later:
             theirs = self._plans[name].rate_for(tier, resource)
-            if theirs is not None and (mine is None or _per_second(theirs) > _per_second(mine)):
+            if theirs is not None and (mine is None or theirs.per_second > mine.per_second):
                 return f"{name.capitalize()} raises this to {theirs.per()}: see {self.upgrade_url}"
         return None
 
 
-def _per_second(rate: Rate) -> float:
-    return rate.limit / rate.window
-
-
-# The seed's table (SPEC section 2).
+# The seed's table (SPEC section 2), plus an ``ai_tokens`` budget metered after the fact.
 DEFAULT_PLANS: dict[str, dict[str, Any]] = {
     "free": {
         "global": "50/second",
         "user": "100/minute",
-        "resources": {"ai_inference": "5/minute", "bulk_search": "10/minute"},
+        "resources": {
+            "ai_inference": "5/minute",
+            "bulk_search": "10/minute",
+            "ai_tokens": "2000/hour",  # metered with quota.charge (the demo's /v1/ai/chat)
+        },
     },
     "pro": {
         "global": "50/second",
         "user": "500/minute",
-        "resources": {"ai_inference": "30/minute", "bulk_search": "60/minute"},
+        "resources": {
+            "ai_inference": "30/minute",
+            "bulk_search": "60/minute",
+            "ai_tokens": "20000/hour",
+        },
     },
     "enterprise": {
         "global": "200/second",
         "user": "2000/minute",
-        "resources": {"ai_inference": "120/minute", "bulk_search": "300/minute"},
+        "resources": {
+            "ai_inference": "120/minute",
+            "bulk_search": "300/minute",
+            "ai_tokens": "100000/hour",
+        },
     },
 }
 
@@ -113,12 +134,12 @@ def catalog_from_config(config: Mapping[str, Any], *, upgrade_url: str) -> PlanC
         if unknown:
             raise ValueError(f"{where} has unknown fields {sorted(unknown)}")
         try:
-            resources = {str(k): parse_rate(v) for k, v in dict(spec.get("resources", {})).items()}
+            resources = {str(k): parse_rates(v) for k, v in dict(spec.get("resources", {})).items()}
             plans.append(
                 Plan(
                     name,
-                    parse_rate(spec["global"]) if spec.get("global") else None,
-                    parse_rate(spec["user"]) if spec.get("user") else None,
+                    parse_rates(spec["global"]) if spec.get("global") else None,
+                    parse_rates(spec["user"]) if spec.get("user") else None,
                     resources,
                     str(spec.get("description", "")),
                     spec.get("upgrade"),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .clock import US
 
-__all__ = ["Rate", "parse_rate"]
+__all__ = ["MAX_RATES", "Rate", "Rates", "parse_rate", "parse_rates"]
 
 _UNITS = {
     "s": 1, "sec": 1, "second": 1,
@@ -28,6 +28,8 @@ ACCEPTED = (
     "'N/second', 'N per minute', 'N/hour', 'N/day', 'N/5 minutes', "
     "optionally followed by '; burst=B' (N and B positive integers)"
 )
+MAX_RATES = 4  # rates on one limit, e.g. a burst guard, a minute, an hour and a day
+_MAX_TEXT = 100  # characters of a limit's text, all rates (the SQL column's width)
 
 
 
@@ -103,3 +105,52 @@ def parse_rate(text: str | Rate) -> Rate:
         return Rate(int(match.group("limit")), mult * unit, int(burst) if burst else None)
     except ValueError as exc:
         raise ValueError(f"invalid rate {text!r}: {exc}; expected {ACCEPTED}") from None
+
+
+class Rates(tuple[Rate, ...]):
+    """One limit's rates, e.g. ``"10/second, 10000/day"``: each is its own check.
+
+    A tuple, so it is hashable and compares by value; ``str()`` is the
+    canonical comma-joined text that plans and the SQL table store.
+    """
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return ", ".join(str(rate) for rate in self)
+
+    def per(self) -> str:
+        """Human wording, e.g. ``"10 per second, 10000 per day"``."""
+        return ", ".join(rate.per() for rate in self)
+
+    @property
+    def per_second(self) -> float:
+        """The long-run allowance: the strictest rate's units per second."""
+        return min(rate.limit / rate.window for rate in self)
+
+
+def parse_rates(text: str | Rate | Rates) -> Rates:
+    """Parse one or more comma-separated rates into ``Rates``.
+
+    Raises ``ValueError`` naming the text: for a malformed rate, more than
+    ``MAX_RATES`` rates, or two rates with the same window (the stricter one
+    would make the other pointless, and their policy names would clash).
+    """
+    if isinstance(text, Rates):
+        return text
+    if isinstance(text, Rate):
+        return Rates((text,))
+    if not isinstance(text, str):
+        raise ValueError(f"rate must be a string such as '100/minute', not {type(text).__name__}")
+    if len(text) > _MAX_TEXT:
+        raise ValueError(f"rates {text[:_MAX_TEXT]!r}... are longer than {_MAX_TEXT} characters")
+    parts = text.split(",")
+    if len(parts) > MAX_RATES:
+        raise ValueError(f"rates {text!r}: at most {MAX_RATES} rates on one limit")
+    rates = Rates(parse_rate(part) for part in parts)
+    windows = [rate.window for rate in rates]
+    if len(set(windows)) != len(windows):
+        raise ValueError(f"rates {text!r}: two rates share a window; keep the stricter one")
+    if len(str(rates)) > _MAX_TEXT:
+        raise ValueError(f"rates {text!r} are longer than {_MAX_TEXT} characters")
+    return rates

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -55,6 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_DENY_CACHE": True,  # remember Redis denials in-process until their retry time
     "QUOTA_DATABASE_URL": None,  # None: SQLite file in the instance folder (or Quota(db=))
     "QUOTA_SYNC_INTERVAL": 0.5,  # seconds between checks for plan/client changes in SQL
+    "QUOTA_EXEMPT_METHODS": "OPTIONS",  # no tier applies to these (CORS preflights)
 }
 
 # What each key means: the configuration reference (README, docs and init_app's
@@ -108,6 +110,8 @@ def reference() -> list[tuple[str, str, str]]:
 # A change must reach every worker within 2 s: poll interval + reload time.
 _MAX_SYNC_INTERVAL = 1.5
 
+_METHOD_RE = re.compile(r"[A-Z]{1,20}")
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -132,6 +136,7 @@ class Settings:
     deny_cache: bool
     database_url: str | None
     sync_interval: float
+    exempt_methods: frozenset[str]
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -167,6 +172,7 @@ class Settings:
             deny_cache=_flag(get, "QUOTA_DENY_CACHE"),
             database_url=_database_url(get, "QUOTA_DATABASE_URL"),
             sync_interval=_positive(get, "QUOTA_SYNC_INTERVAL"),
+            exempt_methods=_methods(get, "QUOTA_EXEMPT_METHODS"),
         )
         for key in ("QUOTA_DEFAULT_PLAN", "QUOTA_ANONYMOUS_PLAN"):
             if get[key] not in plans:
@@ -205,6 +211,29 @@ def _flag(get: dict[str, Any], key: str) -> bool:
     if text in _TRUE or text in _FALSE:
         return text in _TRUE
     raise ValueError(f"{key}={value!r} is not a boolean; use true or false")
+
+
+def _methods(get: dict[str, Any], key: str) -> frozenset[str]:
+    """HTTP methods as a comma-separated string or a list; ``""`` or ``[]`` for none."""
+    value = get[key]
+    if isinstance(value, str):
+        items: list[Any] = value.split(",")
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    else:
+        items = [value]
+    methods = set()
+    for item in items:
+        method = item.strip().upper() if isinstance(item, str) else None
+        if method == "" and isinstance(value, str):
+            continue  # "" or a trailing comma
+        if method is None or not _METHOD_RE.fullmatch(method):
+            raise ValueError(
+                f"{key}={value!r} is not a list of HTTP methods; use e.g. 'OPTIONS' or "
+                "'OPTIONS, HEAD'"
+            )
+        methods.add(method)
+    return frozenset(methods)
 
 
 def _positive(get: dict[str, Any], key: str) -> float:

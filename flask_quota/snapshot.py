@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from . import apikeys
 from .identity import Identity
 from .plans import Plan, PlanCatalog
-from .rates import Rate
+from .rates import Rate, Rates, parse_rates
 from .tiers import Tier
 
 __all__ = ["KeyEntry", "OverrideRule", "SqlCatalog", "apply_overrides"]
@@ -37,8 +37,13 @@ class OverrideRule:
 
     tier: Tier
     resource: str
-    rate: Rate
+    rate: Rates  # a single ``Rate`` given here is taken as ``Rates`` of one
     expires_at: float | None = None  # Unix seconds; None: until removed
+
+    def __post_init__(self) -> None:
+        rate: Rate | Rates = self.rate
+        if not isinstance(rate, Rates):
+            object.__setattr__(self, "rate", parse_rates(rate))
 
     def live(self, now: float) -> bool:
         """True until the override's expiry (Unix seconds ``now``)."""

@@ -53,7 +53,7 @@ from .models import (
     metadata,
 )
 from .plans import Plan
-from .rates import Rate, parse_rate
+from .rates import Rates, parse_rates
 from .settings import Settings
 from .snapshot import KeyEntry, OverrideRule, SqlCatalog
 from .tiers import Tier
@@ -343,7 +343,7 @@ def plan_record(plan: Plan, position: int) -> PlanRecord:
 
 
 def plan_from_record(record: PlanRecord) -> Plan:
-    rates: dict[tuple[str, str], Rate] = {}
+    rates: dict[tuple[str, str], Rates] = {}
     for limit in record.limits:
         rate = _parse_stored(limit.rate, f"plan {record.name!r} {limit.tier} {limit.resource}")
         if rate is not None:
@@ -366,10 +366,10 @@ def _rule(row: Override) -> OverrideRule | None:
     return OverrideRule(Tier(row.tier), row.resource, rate, expires)
 
 
-def _parse_stored(text_: str, what: str) -> Rate | None:
+def _parse_stored(text_: str, what: str) -> Rates | None:
     # Rates are validated on write; a row edited by hand into nonsense is skipped, not fatal.
     try:
-        return parse_rate(text_)
+        return parse_rates(text_)
     except ValueError as exc:
         log.error("flask-quota: ignoring %s: %s", what, exc)
         return None

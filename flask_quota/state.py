@@ -9,10 +9,10 @@ extension imports needs to import the extension back.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from flask import Flask, current_app
+from flask import Blueprint, Flask, current_app
 
 from .failover import GuardedStorage
 from .plans import PlanCatalog
@@ -33,9 +33,10 @@ __all__ = [
     "get_state",
     "limit_of",
     "limited_endpoints",
+    "view_limit",
 ]
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., Any] | Blueprint)
 
 # What the decorators leave on a view function; read once per request.
 LIMIT_ATTR = "__quota_limit__"
@@ -53,6 +54,16 @@ class QuotaState:
     policy: Policy
     sql: SqlStore
     usage: UsageRecorder | None = None  # per-minute counts for the dashboard, when mounted
+    # endpoint -> (exempt, limit), resolved at an endpoint's first request: one dict
+    # lookup per request instead of attribute probes on the view and its blueprints.
+    views: dict[str, tuple[bool, LimitSpec | None]] = field(default_factory=dict)
+
+    def view_limit(self, app: Flask, endpoint: str) -> tuple[bool, LimitSpec | None]:
+        """``view_limit(app, endpoint)``, cached (routes are fixed once requests run)."""
+        found = self.views.get(endpoint)
+        if found is None:
+            found = self.views[endpoint] = view_limit(app, endpoint)
+        return found
 
     def catalog(self) -> PlanCatalog:
         """The plans, clients and overrides requests are decided with right now."""
@@ -76,7 +87,7 @@ def get_state(app: Flask | None = None) -> QuotaState:
 
 
 def exempt(view: F) -> F:
-    """Mark a view as exempt from every tier (``@quota.exempt`` without an instance)."""
+    """Mark a view (or a blueprint: all its views) as exempt from every tier."""
     setattr(view, EXEMPT_ATTR, True)
     return view
 
@@ -87,14 +98,35 @@ def limit_of(view: Any) -> LimitSpec | None:
     return spec
 
 
+def view_limit(app: Flask, endpoint: str) -> tuple[bool, LimitSpec | None]:
+    """``(exempt, limit)`` of an endpoint: the view's own decorator wins, then its
+    blueprints', innermost first. Static files are exempt: they are not the API."""
+    if endpoint.rpartition(".")[2] == "static":
+        return True, None
+    view = app.view_functions.get(endpoint)
+    if getattr(view, EXEMPT_ATTR, False):
+        return True, None
+    spec = limit_of(view)
+    name = endpoint.rpartition(".")[0]
+    while spec is None and name:  # "parent.child.view": child first, then parent
+        blueprint = app.blueprints.get(name)
+        if getattr(blueprint, EXEMPT_ATTR, False):
+            return True, None
+        spec = limit_of(blueprint)
+        name = name.rpartition(".")[0]
+    return False, spec
+
+
 def limited_endpoints(app: Flask) -> list[tuple[str, str, LimitSpec]]:
-    """(method, resource, spec) for every route with ``@quota.limit``: the endpoint
-    buckets an identity can have, for usage views and resets."""
+    """(method, resource, spec) for every limited route: the endpoint buckets an
+    identity can have, for usage views and resets. A limit with ``per_method=False``
+    has one bucket, under the method ``*``."""
     found: dict[tuple[str, str], LimitSpec] = {}
     for rule in app.url_map.iter_rules():
-        spec = limit_of(app.view_functions.get(rule.endpoint))
-        if spec is None:
+        exempt, spec = view_limit(app, rule.endpoint)
+        if spec is None or exempt:
             continue
-        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+        methods = (rule.methods or set()) - {"HEAD", "OPTIONS"}
+        for method in sorted({spec.method_of(m) for m in methods}):
             found.setdefault((method, spec.resource or rule.endpoint), spec)
     return [(method, resource, spec) for (method, resource), spec in sorted(found.items())]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from .rates import Rate, parse_rate
+from .rates import Rate, Rates, parse_rates
 from .tiers import Tier
 
 __all__ = [
@@ -65,9 +65,10 @@ def client_name(value: str) -> str:
     return name
 
 
-def rate_text(value: str | Rate) -> str:
-    """A rate in its canonical text form (``"5/minute"``), parsed to prove it is valid."""
-    return str(parse_rate(value))
+def rate_text(value: str | Rate | Rates) -> str:
+    """Rates in their canonical text form (``"5/minute"``, ``"2/second, 3/minute"``),
+    parsed to prove they are valid."""
+    return str(parse_rates(value))
 
 
 def tier_resource(tier: str, resource: str | None) -> tuple[Tier, str]:

@@ -149,6 +149,19 @@ def test_the_actor_defaults_to_the_user_running_the_command(
     assert audit(app)[-1] == ("operator-bob", "plan.limit.set", "plan:pro")
 
 
+def test_plans_set_takes_several_rates(app: Flask) -> None:
+    """`plans set ... "2/second, 3/minute"` stores the canonical text; both rates apply."""
+    rates = "2/second,3 per minute"
+    result = run(app, "plans", "set", "free", "endpoint", rates, "--resource", "search")
+    assert result.exit_code == 0, result.output
+    assert "endpoint search is now 2/second, 3/minute" in result.output
+    http = app.test_client()
+    response = http.get("/search")
+    assert '"search";q=2;w=1, "search@60";q=3;w=60' in response.headers["RateLimit-Policy"]
+    listing = read(app, "plans", "list").output
+    assert re.search(r"free\s+endpoint\s+search\s+2/second, 3/minute", listing)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -46,6 +46,17 @@ def test_plan_edit_is_saved_audited_and_enforced(ops_app: Flask) -> None:
     assert "3/minute" in audit and "5/minute" in audit  # before and after
 
 
+def test_plan_form_accepts_several_rates(ops_app: Flask) -> None:
+    """The plan form takes comma-separated rates; the canonical text is shown and enforced."""
+    http = ops_app.test_client()
+    form = {"tier": "user", "rate": "2/second,3/minute"}
+    status, _ = post(http, "/quota/plans/free/limit", "/quota/plans", **form)
+    assert status == 200
+    assert free_user_rate(http) == "2/second, 3/minute"
+    statuses = [http.get("/items", headers={"X-User": "bob"}).status_code for _ in range(3)]
+    assert statuses == [200, 200, 429]
+
+
 @pytest.mark.parametrize(
     "rate", ["", "five per minute", "0/minute", "-3/minute", "10/fortnight", "<b>1</b>/minute"]
 )

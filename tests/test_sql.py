@@ -21,7 +21,7 @@ from flask_quota.admin import QuotaAdmin
 from flask_quota.apikeys import PREFIX_LENGTH
 from flask_quota.models import Client, PlanLimit, metadata
 from flask_quota.plans import Plan
-from flask_quota.rates import parse_rate
+from flask_quota.rates import parse_rate, parse_rates
 from flask_quota.snapshot import OverrideRule, SqlCatalog
 from flask_quota.sql_store import DEFAULT_DATABASE_FILE, SqlStore, TablesMissing
 from flask_quota.storage import MemoryStorage
@@ -175,10 +175,10 @@ def test_override_expiry_is_checked_at_request_time() -> None:
     plan = Plan("free", None, parse_rate("5/hour"), {})
     rule = OverrideRule(Tier.USER, "", parse_rate("40/hour"), expires_at=clock.seconds + 60)
     catalog = SqlCatalog([plan], overrides={"7": (rule,)}, clock=lambda: clock.seconds)
-    assert catalog.resolve("free", "7", fallback="free").user_rate == parse_rate("40/hour")
-    assert catalog.resolve("free", "8", fallback="free").user_rate == parse_rate("5/hour")
+    assert catalog.resolve("free", "7", fallback="free").user_rate == parse_rates("40/hour")
+    assert catalog.resolve("free", "8", fallback="free").user_rate == parse_rates("5/hour")
     clock.advance(60)
-    assert catalog.resolve("free", "7", fallback="free").user_rate == parse_rate("5/hour")
+    assert catalog.resolve("free", "7", fallback="free").user_rate == parse_rates("5/hour")
 
 
 def test_random_revoked_and_malformed_keys_share_one_anonymous_budget(

@@ -92,6 +92,13 @@ class Storage(Protocol):
     def peek(self, checks: Sequence[Check]) -> Verdict:
         """Answer as ``decide`` would without changing anything."""
 
+    def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
+        """Give back each check's ``cost``, charged by ``decide`` at ``charged_at_us``
+        (the verdict's ``now_us``). Never gives more than was taken."""
+
+    def charge(self, checks: Sequence[Check]) -> None:
+        """Add each check's ``cost`` whether or not it fits: a bucket may go into debt."""
+
     def clear(self, keys: Sequence[str]) -> None:
         """Forget the state of ``keys`` (a reset)."""
 

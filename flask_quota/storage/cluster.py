@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from importlib import resources
 from typing import Any
 
 import redis
@@ -30,15 +29,18 @@ from redis.retry import Retry
 
 from ..algorithms import Outcome
 from .base import Check, Clock, StorageError, Verdict, wall_clock_us, wraps_errors
-from .redis import REDIS_ERRORS, SCRIPT, parse_reply
+from .redis import (
+    CHARGE_SCRIPT,
+    REDIS_ERRORS,
+    REFUND_SCRIPT,
+    SCRIPT,
+    charge_args,
+    parse_reply,
+    refund_args,
+)
 from .url import parse_storage_url
 
 __all__ = ["REFUND_SCRIPT", "ClusterStorage"]
-
-REFUND_SCRIPT = "\n".join(
-    resources.files(__package__).joinpath("lua", part).read_text("utf-8")
-    for part in ("common.lua", "refund.lua")
-)
 
 _ERRORS = REDIS_ERRORS
 # Error replies that mean the script never ran, so running it again is safe.
@@ -60,7 +62,7 @@ class ClusterStorage:
         self._clock = clock
         self._lock = threading.Lock()
         self._client: RedisCluster | None = None
-        self._scripts: tuple[Script, Script] | None = None  # (decide, refund) of that client
+        self._scripts: tuple[Script, Script, Script] | None = None  # decide, refund, charge
         self._stale = False  # a node failed: refresh the slot map before the next call
         self.refund_failures = 0  # refunds that could not be delivered (charge kept)
 
@@ -84,7 +86,7 @@ class ClusterStorage:
 
         return cls(connect, clock=clock)
 
-    def _connected(self) -> tuple[RedisCluster, tuple[Script, Script]]:
+    def _connected(self) -> tuple[RedisCluster, tuple[Script, Script, Script]]:
         """The cluster client and its scripts, connecting (reading the slot map) on first use.
 
         Deliberately not a ``client`` attribute: code that probes storages for a
@@ -100,6 +102,7 @@ class ClusterStorage:
                 self._scripts = (
                     client.register_script(SCRIPT),
                     client.register_script(REFUND_SCRIPT),
+                    client.register_script(CHARGE_SCRIPT),
                 )
                 self._client = client
             return self._client, self._scripts
@@ -113,6 +116,37 @@ class ClusterStorage:
     def peek(self, checks: Sequence[Check]) -> Verdict:
         """Answer as ``decide`` would without changing anything."""
         return self._run(checks, "peek")
+
+    @wraps_errors(*REDIS_ERRORS)
+    def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
+        if checks:
+            client, (_, refund, _) = self._connected()
+            now_arg = "" if self._clock is None else self._clock()
+            at = charged_at_us
+            self._each_slot(client, refund, checks, lambda g: refund_args(g, now_arg, at))
+
+    @wraps_errors(*REDIS_ERRORS)
+    def charge(self, checks: Sequence[Check]) -> None:
+        if checks:
+            client, (_, _, charge) = self._connected()
+            now_arg = "" if self._clock is None else self._clock()
+            self._each_slot(client, charge, checks, lambda g: charge_args(g, now_arg))
+
+    def _each_slot(
+        self,
+        client: RedisCluster,
+        script: Script,
+        checks: Sequence[Check],
+        args_of: Callable[[list[Check]], list[Any]],
+    ) -> None:
+        """Run ``script`` on every slot's checks at once; the first failure is raised."""
+        calls = []
+        for group in slot_groups(checks):
+            part = [checks[i] for i in group]
+            calls.append(([c.key for c in part], args_of(part)))
+        for reply in self._together(client, script, calls):
+            if isinstance(reply, BaseException):
+                raise StorageError(f"redis cluster: {reply}") from reply
 
     @wraps_errors(*REDIS_ERRORS)
     def clear(self, keys: Sequence[str]) -> None:
@@ -137,7 +171,7 @@ class ClusterStorage:
     # -- one request ---------------------------------------------------------
 
     def _run(self, checks: Sequence[Check], mode: str) -> Verdict:
-        client, (decide, _) = self._connected()
+        client, (decide, _, _) = self._connected()
         if not checks:
             return Verdict(self._clock() if self._clock else wall_clock_us(), ())
         groups = slot_groups(checks)
@@ -172,16 +206,12 @@ class ClusterStorage:
 
     def _refund(self, checks: Sequence[Check], charged: list[tuple[list[int], Verdict]]) -> None:
         """Undo the charges of slots that allowed; best effort, a lost refund only under-admits."""
-        client, (_, refund) = self._connected()
+        client, (_, refund, _) = self._connected()
         now_arg = "" if self._clock is None else self._clock()
         calls = []
         for group, verdict in charged:
-            args: list[Any] = [now_arg]
-            for i in group:
-                rate = checks[i].rate
-                args += [checks[i].algorithm.code, rate.limit, rate.window_us, rate.capacity]
-                args += [checks[i].cost, verdict.now_us]
-            calls.append(([checks[i].key for i in group], args))
+            part = [checks[i] for i in group]
+            calls.append(([c.key for c in part], refund_args(part, now_arg, verdict.now_us)))
         for reply in self._together(client, refund, calls):
             if isinstance(reply, BaseException):
                 self.refund_failures += 1

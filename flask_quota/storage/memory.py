@@ -7,6 +7,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from ..adjust import CHARGES, REFUNDS, Change
 from ..algorithms import ALGORITHMS, Step
 from .base import Check, Clock, Verdict, wall_clock_us
 
@@ -44,6 +45,27 @@ class MemoryStorage:
     def peek(self, checks: Sequence[Check]) -> Verdict:
         """Answer as ``decide`` would without changing anything."""
         return self._run(checks, commit=False)
+
+    def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
+        with self._lock:
+            now = self._clock()
+            for check in checks:
+                if check.cost > 0:
+                    state = self._live(check.key, now)
+                    refund = REFUNDS[check.algorithm]
+                    change = refund(state, now, check.rate, check.cost, charged_at_us)
+                    if change is not None:
+                        self._apply(check.key, change, now)
+
+    def charge(self, checks: Sequence[Check]) -> None:
+        with self._lock:
+            now = self._clock()
+            self._sweep(now)
+            for check in checks:
+                if check.cost > 0:
+                    state = self._live(check.key, now)
+                    change = CHARGES[check.algorithm](state, now, check.rate, check.cost)
+                    self._apply(check.key, change, now)
 
     def clear(self, keys: Sequence[str]) -> None:
         """Forget the state of ``keys`` (a reset)."""
@@ -83,16 +105,30 @@ class MemoryStorage:
             verdict = Verdict(now, tuple([step.outcome for step in steps]))
             if commit and allowed:
                 for check, step in zip(checks, steps, strict=True):
-                    self._store(check.key, step, now)
+                    self._store(check.key, step.state, step.ttl_us, now)
             return verdict
 
-    def _store(self, key: str, step: Step, now: int) -> None:
-        if step.ttl_us <= 0:
+    def _live(self, key: str, now: int) -> Any:
+        entry = self._data.get(key)
+        return entry[0] if entry is not None and entry[1] > now else None
+
+    def _apply(self, key: str, change: Change, now: int) -> None:
+        if change.state is None:
+            self._drop(key)
+        elif change.ttl_us is None:  # same expiry: only the state changes
+            entry = self._data.get(key)
+            if entry is not None:
+                self._data[key] = (change.state, entry[1])
+        else:
+            self._store(key, change.state, change.ttl_us, now)
+
+    def _store(self, key: str, state: Any, ttl_us: int, now: int) -> None:
+        if ttl_us <= 0:
             self._drop(key)
             return
-        expires = now + step.ttl_us
+        expires = now + ttl_us
         old = self._data.get(key)
-        self._data[key] = (step.state, expires)
+        self._data[key] = (state, expires)
         slot, old_slot = expires // _SLOT_US + 1, (old[1] // _SLOT_US + 1) if old else None
         if slot == old_slot:
             return

@@ -14,7 +14,7 @@ from redis.retry import Retry
 from ..algorithms import Outcome
 from .base import Check, Clock, Verdict, wraps_errors
 
-__all__ = ["REDIS_ERRORS", "SCRIPT", "RedisStorage"]
+__all__ = ["CHARGE_SCRIPT", "REDIS_ERRORS", "REFUND_SCRIPT", "SCRIPT", "RedisStorage"]
 
 # What redis-py and the socket raise when Redis cannot answer.
 REDIS_ERRORS = (redis.RedisError, OSError)
@@ -29,9 +29,36 @@ _PARTS = (
     "sliding_window_counter.lua",
     "decide.lua",
 )
-SCRIPT = "\n".join(
-    resources.files(__package__).joinpath("lua", part).read_text("utf-8") for part in _PARTS
-)
+
+
+def _script(*parts: str) -> str:
+    return "\n".join(
+        resources.files(__package__).joinpath("lua", part).read_text("utf-8") for part in parts
+    )
+
+
+SCRIPT = _script(*_PARTS)
+REFUND_SCRIPT = _script("common.lua", "refund.lua")  # undo a charge (charge_when, Cluster)
+CHARGE_SCRIPT = _script("common.lua", "charge.lua")  # charge past the limit (quota.charge)
+
+
+def refund_args(checks: Sequence[Check], now_arg: Any, charged_at_us: int) -> list[Any]:
+    """ARGV of ``refund.lua``."""
+    args: list[Any] = [now_arg]
+    for check in checks:
+        rate = check.rate
+        args += [check.algorithm.code, rate.limit, rate.window_us, rate.capacity, check.cost]
+        args.append(charged_at_us)
+    return args
+
+
+def charge_args(checks: Sequence[Check], now_arg: Any) -> list[Any]:
+    """ARGV of ``charge.lua``."""
+    args: list[Any] = [now_arg]
+    for check in checks:
+        rate = check.rate
+        args += [check.algorithm.code, rate.limit, rate.window_us, rate.capacity, check.cost]
+    return args
 
 
 class RedisStorage:
@@ -48,6 +75,8 @@ class RedisStorage:
         self.client = client
         self._clock = clock
         self._script = client.register_script(SCRIPT)
+        self._refund = client.register_script(REFUND_SCRIPT)
+        self._charge = client.register_script(CHARGE_SCRIPT)
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float, clock: Clock | None = None) -> RedisStorage:
@@ -70,6 +99,19 @@ class RedisStorage:
     def peek(self, checks: Sequence[Check]) -> Verdict:
         """Answer as ``decide`` would without changing anything."""
         return self._call("peek", checks)
+
+    @wraps_errors(*REDIS_ERRORS)
+    def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
+        if checks:
+            now_arg = "" if self._clock is None else self._clock()
+            args = refund_args(checks, now_arg, charged_at_us)
+            self._refund(keys=[c.key for c in checks], args=args)
+
+    @wraps_errors(*REDIS_ERRORS)
+    def charge(self, checks: Sequence[Check]) -> None:
+        if checks:
+            now_arg = "" if self._clock is None else self._clock()
+            self._charge(keys=[c.key for c in checks], args=charge_args(checks, now_arg))
 
     @wraps_errors(*REDIS_ERRORS)
     def clear(self, keys: Sequence[str]) -> None:

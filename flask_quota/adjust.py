@@ -1,0 +1,133 @@
+"""Corrections after a decision: refund a charge, or charge without asking.
+
+Pure functions of ``(state, now, rate, cost)`` like ``algorithms.py``, one per
+algorithm and state shape. ``lua/refund.lua`` and ``lua/charge.lua`` mirror
+them for Redis. A refund undoes a charge made at ``charged_at`` (a
+``charge_when`` that said no); a forced charge adds ``cost`` even past the
+limit (``quota.charge(n)``), so the bucket goes into debt and the next request
+waits until it is paid off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .algorithms import Algorithm
+from .rates import Rate
+
+__all__ = ["CHARGES", "REFUNDS", "Change"]
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A key's new state. ``state`` None drops the key; ``ttl_us`` None keeps its expiry."""
+
+    state: Any
+    ttl_us: int | None
+
+
+def refund_bucket(
+    tat: int | None, now: int, rate: Rate, cost: int, charged_at: int
+) -> Change | None:
+    """GCRA cannot be undone exactly once others charged: take back the charge minus
+    the time since it was made, an upper bound that never over-credits."""
+    if tat is None or tat <= now:
+        return None  # full again: the charge is gone
+    credit = cost * (rate.window_us // rate.limit) - (now - charged_at)
+    if credit <= 0:
+        return None
+    new_tat = tat - credit
+    return Change(new_tat, new_tat - now) if new_tat > now else Change(None, None)
+
+
+def refund_fixed(
+    state: tuple[int, int] | None, now: int, rate: Rate, cost: int, charged_at: int
+) -> Change | None:
+    window = rate.window_us
+    if state is None or state[0] != charged_at - charged_at % window:
+        return None  # that window is over
+    count = max(0, state[1] - cost)
+    return Change((state[0], count) if count else None, None)
+
+
+def refund_log(
+    log: tuple[int, ...] | None, now: int, rate: Rate, cost: int, charged_at: int
+) -> Change | None:
+    """Entries are bare timestamps: the first ``cost`` equal to ours are ours to drop."""
+    if not log or charged_at not in log:
+        return None
+    kept, left = [], cost
+    for ts in log:
+        if left and ts == charged_at:
+            left -= 1
+        else:
+            kept.append(ts)
+    return Change(tuple(kept) if kept else None, None)
+
+
+def refund_counter(
+    state: tuple[int, int, int] | None, now: int, rate: Rate, cost: int, charged_at: int
+) -> Change | None:
+    if state is None:
+        return None
+    window = rate.window_us
+    start, prev, cur = state
+    charged_start = charged_at - charged_at % window
+    if start == charged_start:
+        cur = max(0, cur - cost)  # still the current window
+    elif start == charged_start + window:
+        prev = max(0, prev - cost)  # the window rolled: our charge is now "previous"
+    else:
+        return None
+    return Change((start, prev, cur) if prev or cur else None, None)
+
+
+def charge_bucket(tat: int | None, now: int, rate: Rate, cost: int) -> Change:
+    """The TAT moves forward by ``cost`` tokens, past the bucket's depth if need be."""
+    base = now if tat is None or tat < now else tat
+    new_tat = base + cost * (rate.window_us // rate.limit)
+    return Change(new_tat, new_tat - now) if new_tat > now else Change(None, None)
+
+
+def charge_fixed(state: tuple[int, int] | None, now: int, rate: Rate, cost: int) -> Change:
+    window = rate.window_us
+    start = now - now % window
+    count = state[1] if state is not None and state[0] == start else 0
+    return Change((start, count + cost), start + window - now)
+
+
+def charge_log(log: tuple[int, ...] | None, now: int, rate: Rate, cost: int) -> Change:
+    window = rate.window_us
+    new = tuple(ts for ts in (log or ()) if ts > now - window) + (now,) * cost
+    return Change(new, new[-1] + window - now) if new else Change(None, None)
+
+
+def charge_counter(state: tuple[int, int, int] | None, now: int, rate: Rate, cost: int) -> Change:
+    window = rate.window_us
+    start = now - now % window
+    prev, cur = 0, 0
+    if state is not None:
+        if state[0] == start:
+            prev, cur = state[1], state[2]
+        elif state[0] == start - window:
+            prev = state[2]
+    cur += cost
+    reset = start + 2 * window if cur > 0 else (start + window if prev > 0 else now)
+    return Change((start, prev, cur), reset - now) if reset > now else Change(None, None)
+
+
+REFUNDS: dict[Algorithm, Callable[[Any, int, Rate, int, int], Change | None]] = {
+    Algorithm.TOKEN_BUCKET: refund_bucket,
+    Algorithm.FIXED_WINDOW: refund_fixed,
+    Algorithm.SLIDING_WINDOW_LOG: refund_log,
+    Algorithm.SLIDING_WINDOW_COUNTER: refund_counter,
+}
+
+CHARGES: dict[Algorithm, Callable[[Any, int, Rate, int], Change]] = {
+    Algorithm.TOKEN_BUCKET: charge_bucket,
+    Algorithm.FIXED_WINDOW: charge_fixed,
+    Algorithm.SLIDING_WINDOW_LOG: charge_log,
+    Algorithm.SLIDING_WINDOW_COUNTER: charge_counter,
+}
