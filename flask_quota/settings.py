@@ -93,6 +93,10 @@ DOCS: dict[str, str] = {
     "most 1.5, so a change reaches every worker within 2 s).",
 }
 
+DOCS["QUOTA_EXEMPT_METHODS"] = (
+    "HTTP methods no tier applies to (comma-separated or a list); CORS preflights by default."
+)
+
 # Read by the dashboard when it is mounted (dashboard/auth.py), not by Settings.
 DASHBOARD_DOCS: dict[str, str] = {
     "QUOTA_DASHBOARD_USERS": "Dashboard logins: ``{user: werkzeug password hash}`` (or JSON).",

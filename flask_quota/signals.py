@@ -1,4 +1,4 @@
-"""Signals (blinker, as ``flask.signals``): subscribe to hear about breaches and outages.
+"""Signals (blinker, as ``flask.signals``): subscribe to hear about breaches and outages::
 
     from flask_quota import signals
 
