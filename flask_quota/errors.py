@@ -7,11 +7,12 @@ from typing import Any
 
 from werkzeug.exceptions import HTTPException, ServiceUnavailable, TooManyRequests, Unauthorized
 
+from .algorithms import Outcome
 from .clock import ceil_seconds
 from .policy import Decision
 from .tiers import Tier
 
-__all__ = ["PROBLEM_TYPE", "InvalidApiKey", "QuotaExceeded", "QuotaUnavailable"]
+__all__ = ["PROBLEM_TYPE", "CallerBlocked", "InvalidApiKey", "QuotaExceeded", "QuotaUnavailable"]
 
 PROBLEM_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
@@ -61,7 +62,7 @@ class QuotaExceeded(_Problem, TooManyRequests):
         )
         # Set after super().__init__, which would reset ``retry_after``.
         self.decision = decision
-        self.tier = denied.tier
+        self.tier: str = denied.tier  # a Tier, or "blocked" (CallerBlocked)
         self.policy = denied.name
         self.resource = denied.name if denied.tier is Tier.ENDPOINT else None
         self.plan = decision.plan
@@ -79,7 +80,7 @@ class QuotaExceeded(_Problem, TooManyRequests):
             "status": 429,
             "detail": self.description,
             "violated-policies": [r.name for r in self.decision.results if not r.outcome.allowed],
-            "tier": self.tier.value,
+            "tier": str(self.tier),
             "resource": self.resource,
             "plan": self.plan,
             "limit": self.limit,
@@ -92,6 +93,35 @@ class QuotaExceeded(_Problem, TooManyRequests):
 
     def extra_headers(self) -> list[tuple[str, str]]:
         return [("Retry-After", str(self.retry_after))]
+
+
+class CallerBlocked(QuotaExceeded):
+    """The caller is blocked (``QUOTA_BLOCK_AFTER`` or ``quota.block``): 429 with
+    ``"tier": "blocked"`` and ``Retry-After`` the rest of the block.
+
+    ``decision`` holds the tiers as the storage saw them; none was charged.
+    """
+
+    def __init__(self, decision: Decision, block: Outcome) -> None:
+        retry_after = max(1, decision.seconds_until(decision.now_us + block.retry_after_us))
+        # Not QuotaExceeded.__init__: no tier denied, the block did.
+        TooManyRequests.__init__(
+            self, f"Blocked for {retry_after} more s after too many denied requests."
+        )
+        self.decision = decision
+        self.tier = "blocked"
+        self.policy = "blocked"
+        self.resource = None
+        self.plan = decision.plan
+        self.limit = 0
+        self.window = retry_after
+        self.remaining = 0
+        self.retry_after = retry_after
+        self.reset = ceil_seconds(block.reset_us)
+        self.upgrade = None
+
+    def problem(self) -> dict[str, Any]:
+        return {**super().problem(), "violated-policies": ["blocked"]}
 
 
 class QuotaUnavailable(_Problem, ServiceUnavailable):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from .breaker import CircuitBreaker
 from .errors import QuotaUnavailable
@@ -11,6 +12,8 @@ from .settings import FailMode
 from .storage import Check, MemoryStorage, Storage, StorageError, Verdict
 
 __all__ = ["GuardedStorage"]
+
+T = TypeVar("T")
 
 
 class GuardedStorage:
@@ -45,3 +48,20 @@ class GuardedStorage:
         if self.mode is FailMode.CLOSED:
             raise QuotaUnavailable(math.ceil(self.breaker.seconds_to_probe()))
         return None
+
+    def attempt(self, call: Callable[[], T]) -> T | None:
+        """Run a storage call made after the decision (a block escalation).
+
+        ``None`` when the breaker is open or the call fails; failures count
+        towards the breaker, but the fail mode does not apply: the request
+        already has its answer.
+        """
+        if not self.breaker.allow():
+            return None
+        try:
+            result = call()
+        except StorageError as exc:
+            self.breaker.failed(exc, self.mode.value)
+            return None
+        self.breaker.succeeded()
+        return result

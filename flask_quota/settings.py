@@ -13,6 +13,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from .algorithms import Algorithm
 from .plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
+from .rates import ACCEPTED, Rate, parse_rate
 
 __all__ = ["DEFAULTS", "FailMode", "HeaderMode", "Settings"]
 
@@ -51,6 +52,8 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_DENY_CACHE": True,  # remember Redis denials in-process until their retry time
     "QUOTA_DATABASE_URL": None,  # None: SQLite file in the instance folder (or Quota(db=))
     "QUOTA_SYNC_INTERVAL": 0.5,  # seconds between checks for plan/client changes in SQL
+    "QUOTA_BLOCK_AFTER": None,  # e.g. "20/minute": a caller denied more often is blocked
+    "QUOTA_BLOCK_FOR": 600,  # seconds such a block lasts
 }
 
 # A change must reach every worker within 2 s: poll interval + reload time.
@@ -80,6 +83,8 @@ class Settings:
     deny_cache: bool
     database_url: str | None
     sync_interval: float
+    block_after: Rate | None = None
+    block_for: int = 600
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -115,6 +120,8 @@ class Settings:
             deny_cache=_flag(get, "QUOTA_DENY_CACHE"),
             database_url=_database_url(get, "QUOTA_DATABASE_URL"),
             sync_interval=_positive(get, "QUOTA_SYNC_INTERVAL"),
+            block_after=_block_after(get, "QUOTA_BLOCK_AFTER"),
+            block_for=_whole_seconds(get, "QUOTA_BLOCK_FOR"),
         )
         for key in ("QUOTA_DEFAULT_PLAN", "QUOTA_ANONYMOUS_PLAN"):
             if get[key] not in plans:
@@ -164,6 +171,27 @@ def _positive(get: dict[str, Any], key: str) -> float:
     if not number > 0 or number == float("inf") or isinstance(value, bool):
         raise ValueError(f"{key}={value!r} must be a positive number of seconds")
     return number
+
+
+def _block_after(get: dict[str, Any], key: str) -> Rate | None:
+    value = get[key]
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "off")):
+        return None
+    try:
+        return parse_rate(value)
+    except ValueError:
+        raise ValueError(
+            f"{key}={value!r} is not a rate; use e.g. '20/minute' (a caller denied more often "
+            f"is blocked for QUOTA_BLOCK_FOR seconds) or None to never block; rates: {ACCEPTED}"
+        ) from None
+
+
+def _whole_seconds(get: dict[str, Any], key: str) -> int:
+    value = get[key]
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) <= 0:
+        raise ValueError(f"{key}={value!r} must be a whole number of seconds above 0, e.g. 600")
+    return int(text)
 
 
 def _database_url(get: dict[str, Any], key: str) -> str | None:

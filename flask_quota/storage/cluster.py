@@ -29,8 +29,8 @@ from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 from redis.retry import Retry
 
 from ..algorithms import Outcome
-from .base import Check, Clock, StorageError, Verdict, wall_clock_us, wraps_errors
-from .redis import REDIS_ERRORS, SCRIPT, parse_reply
+from .base import BlockEntry, Check, Clock, StorageError, Verdict, wall_clock_us, wraps_errors
+from .redis import REDIS_ERRORS, SCRIPT, parse_reply, read_blocks
 from .url import parse_storage_url
 
 __all__ = ["REFUND_SCRIPT", "ClusterStorage"]
@@ -116,6 +116,16 @@ class ClusterStorage:
     def clear(self, keys: Sequence[str]) -> None:
         if keys:
             self._connected()[0].delete(*keys)  # split per slot by the cluster client
+
+    @wraps_errors(*REDIS_ERRORS)
+    def block(self, key: str, seconds: int, info: str) -> None:
+        self._connected()[0].set(key, info, ex=seconds)
+
+    @wraps_errors(*REDIS_ERRORS)
+    def blocks(self, match: str) -> list[BlockEntry]:
+        client = self._connected()[0]
+        # SCAN visits every primary; the pipeline sends each read to its key's node.
+        return read_blocks(client, list(client.scan_iter(match=match, count=1000)))
 
     @wraps_errors(*REDIS_ERRORS)
     def ping(self) -> float:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import fnmatch
 import heapq
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ..algorithms import ALGORITHMS, Step
-from .base import Check, Clock, Verdict, wall_clock_us
+from ..algorithms import ALGORITHMS, Outcome, Step
+from .base import BlockEntry, Check, Clock, Verdict, wall_clock_us
 
 __all__ = ["MemoryStorage"]
 
@@ -47,6 +48,21 @@ class MemoryStorage:
         with self._lock:
             for key in keys:
                 self._drop(key)
+
+    def block(self, key: str, seconds: int, info: str) -> None:
+        with self._lock:
+            now = self._clock()
+            until = now + seconds * 1_000_000
+            self._store(key, Step(Outcome(False, 0, 0, until, 0), (until, info), until - now), now)
+
+    def blocks(self, match: str) -> list[BlockEntry]:
+        with self._lock:
+            now = self._clock()
+            return [
+                BlockEntry(key, state[0] - now, state[1])
+                for key, (state, expires) in self._data.items()
+                if expires > now and fnmatch.fnmatchcase(key, match)
+            ]
 
     def ping(self) -> float:
         return 0.0
