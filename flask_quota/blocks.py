@@ -41,6 +41,7 @@ __all__ = [
     "gate_check",
     "list_blocks",
     "split",
+    "tags_of",
     "unblock",
 ]
 
@@ -115,7 +116,7 @@ def block(state: QuotaState, caller: Caller, seconds: int, reason: str, actor: s
     if not isinstance(reason, str):
         raise ValueError(f"reason must be a string, got {type(reason).__name__}")
     reason = reason.strip()[:_REASON_MAX]
-    tags = _tags(caller)
+    tags = tags_of(caller)
     admin = QuotaAdmin(state.sql, actor=actor)
     for tag in tags:
         admin.record("block", tag, None, {"seconds": seconds, "reason": reason})
@@ -131,7 +132,7 @@ def unblock(state: QuotaState, caller: Caller, actor: str) -> list[str]:
     Bumps the SQL version so that every worker's deny cache forgets the block
     within the sync interval. Returns the tags that were blocked.
     """
-    keys, tags = state.policy.keys, _tags(caller)
+    keys, tags = state.policy.keys, tags_of(caller)
     gates = [gate_check(keys, tag) for tag in tags]
     verdict = state.storage.peek(gates)
     blocked = [t for t, o in zip(tags, verdict.outcomes, strict=True) if not o.allowed]
@@ -170,7 +171,8 @@ def list_blocks(state: QuotaState) -> list[Block]:
     return sorted(found, key=lambda b: (-b.until, b.tag))
 
 
-def _tags(caller: Caller) -> list[str]:
+def tags_of(caller: Caller) -> list[str]:
+    """The tags ``block``/``unblock`` act on: the caller's, and its address's if named."""
     tags = [caller.tag]
     if caller.ip_tag is not None and caller.ip_tag != caller.tag:
         tags.append(caller.ip_tag)

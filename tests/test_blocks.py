@@ -242,12 +242,10 @@ def test_on_the_cluster_the_block_shares_the_callers_slot(app: Flask, tmp_path: 
     with the tiers and listed (SCAN over every master), and unblock lifts it."""
     from redis.crc import key_slot
 
-    from tests.cluster import Cluster
+    from tests.cluster import REDIS_CLI, Cluster
     from tests.conftest import _need_redis
 
     _need_redis()
-    from tests.servers import REDIS_CLI
-
     if REDIS_CLI is None:
         pytest.skip("redis-cli not installed")
     cluster = Cluster(tmp_path / "cluster")
