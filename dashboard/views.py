@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import asdict
 from typing import Any, cast
 
@@ -23,7 +25,8 @@ from flask.blueprints import BlueprintSetupState
 from flask_wtf.csrf import CSRFError, generate_csrf, validate_csrf
 from wtforms import ValidationError
 
-from flask_quota.inspection import Caller, reset
+from flask_quota import blocks, inspection
+from flask_quota.inspection import Caller
 from flask_quota.state import QuotaState, exempt, get_state
 from flask_quota.storage import StorageError
 
@@ -217,7 +220,7 @@ def identity_reset(tag: str) -> Response:
     # Audited first: a reset that then fails leaves a record, never a silent change.
     admin().record("usage.reset", tag, None, {"keys": len(checks)})
     try:
-        count = reset(state, checks)
+        count = inspection.reset(state, checks)  # also tells every worker to drop cached denials
     except StorageError as exc:
         flash(
             f"Reset failed: storage unavailable ({type(exc.__cause__ or exc).__name__}).", "error"
@@ -225,6 +228,32 @@ def identity_reset(tag: str) -> Response:
     else:
         flash(f"Reset {count} buckets of {_label(state, tag)}.", "ok")
     return redirect(url_for(".identity_page", tag=tag))  # type: ignore[return-value]
+
+
+def blocks_page() -> tuple[str, int]:
+    try:
+        found, error = blocks.list_blocks(get_state()), None
+    except StorageError as exc:
+        found, error = [], f"Storage unavailable: blocks cannot be listed ({exc})."
+    rows = [
+        {**dataclasses.asdict(b), "until_text": time.strftime("%F %T", time.gmtime(b.until))}
+        for b in found
+    ]
+    return render_template("quota/blocks.html", blocks=rows, error=error), 200
+
+
+def block_lift(tag: str) -> Response:
+    if not data.valid_tag(tag):
+        abort(404)
+    caller = inspection.Caller.from_tag(tag)
+    try:
+        lifted = blocks.unblock(get_state(), caller, admin().actor)  # audited first
+    except StorageError as exc:
+        flash(f"Unblock failed: storage unavailable ({exc}).", "error")
+    else:
+        name = data.display_name(tag)
+        flash(f"Unblocked {name}." if lifted else f"{name} was not blocked.", "ok")
+    return redirect(url_for(".blocks_page"))  # type: ignore[return-value]
 
 
 ROUTES: list[tuple[str, Any, list[str]]] = [
@@ -235,4 +264,6 @@ ROUTES: list[tuple[str, Any, list[str]]] = [
     ("/identity/<path:tag>", identity_page, ["GET"]),
     ("/api/identity/<path:tag>", identity_api, ["GET"]),
     ("/identity/<path:tag>/reset", identity_reset, ["POST"]),
+    ("/blocks", blocks_page, ["GET"]),
+    ("/blocks/<path:tag>/unblock", block_lift, ["POST"]),
 ]

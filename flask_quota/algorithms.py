@@ -20,8 +20,10 @@ from .rates import Rate
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "Gate",
     "Outcome",
     "Step",
+    "block_gate",
     "fixed_window",
     "sliding_window_counter",
     "sliding_window_log",
@@ -49,6 +51,16 @@ _CODES = {
     Algorithm.SLIDING_WINDOW_LOG: "swl",
     Algorithm.SLIDING_WINDOW_COUNTER: "swc",
 }
+
+
+class Gate(StrEnum):
+    """Checks that ride along with the tiers but are not rate limits."""
+
+    BLOCK = "block"  # denies while the caller's block key lives (see ``blocks.py``)
+
+    @property
+    def code(self) -> str:
+        return "blk"
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +181,18 @@ def _counter_retry(start: int, prev: int, cur: int, now: int, rate: Rate, cost: 
     return max(1, start + 2 * window - need * window // cur - now)
 
 
-ALGORITHMS: dict[Algorithm, Callable[[Any, int, Rate, int], Step]] = {
+def block_gate(state: tuple[int, str] | None, now: int, rate: Rate, cost: int) -> Step:
+    """Denied until the block ends; the state is ``(until, info)``. Never stores anything."""
+    until = state[0] if state is not None else 0
+    if until > now:
+        return Step(Outcome(False, 0, 0, until, until - now), state, 0)
+    return Step(Outcome(True, 0, 0, now, 0), None, 0)
+
+
+ALGORITHMS: dict[Algorithm | Gate, Callable[[Any, int, Rate, int], Step]] = {
     Algorithm.TOKEN_BUCKET: token_bucket,
     Algorithm.FIXED_WINDOW: fixed_window,
     Algorithm.SLIDING_WINDOW_LOG: sliding_window_log,
     Algorithm.SLIDING_WINDOW_COUNTER: sliding_window_counter,
+    Gate.BLOCK: block_gate,
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 import getpass
 import os
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import wraps
 from typing import Any, TypeVar, cast
 
@@ -19,7 +19,7 @@ from flask import current_app
 from flask.cli import AppGroup
 from sqlalchemy.exc import SQLAlchemyError
 
-from . import inspection
+from . import blocks, inspection
 from .admin import AdminError, QuotaAdmin, parse_duration
 from .policy import TierCheck
 from .sql_store import SqlStore, TablesMissing
@@ -38,9 +38,11 @@ quota_cli = AppGroup("quota", help="Manage flask-quota plans, clients, overrides
 plans_cli = AppGroup("plans", help="Plans and their rates.")
 clients_cli = AppGroup("clients", help="API clients and their keys.")
 overrides_cli = AppGroup("overrides", help="Per-client rates that win over the plan's.")
+blocks_cli = AppGroup("blocks", help="Callers refused outright for a while.")
 quota_cli.add_command(plans_cli)
 quota_cli.add_command(clients_cli)
 quota_cli.add_command(overrides_cli)
+quota_cli.add_command(blocks_cli)
 
 
 def _default_actor() -> str:
@@ -294,3 +296,61 @@ def reset(identity: str | None, ip: str | None, actor: str) -> None:
     admin.record("usage.reset", target, None, {"ip": ip, "buckets": len(checks)})
     count = inspection.reset(_state(), checks)
     click.echo(f"reset {count} buckets of {target}")
+
+
+# -- blocks -----------------------------------------------------------------------
+
+
+def _caller(identity: str | None, ip: str | None) -> inspection.Caller:
+    try:
+        return inspection.Caller.of(identity, ip)
+    except ValueError as exc:
+        raise AdminError(str(exc)) from None
+
+
+@quota_cli.command("block", context_settings=_RAW)
+@identity_argument
+@click.option("--ip", help="A client address: blocks the anonymous caller from it.")
+@click.option("--for", "duration", required=True, help="How long, e.g. 10m, 12h, 7d.")
+@click.option("--reason", default="", help="Why, for the audit log and the blocks list.")
+@actor_option
+@_one_line_errors
+def block(identity: str | None, ip: str | None, duration: str, reason: str, actor: str) -> None:
+    """Refuse IDENTITY (or the anonymous caller of --ip) with 429 "blocked" for a while."""
+    seconds = int(parse_duration(duration).total_seconds())
+    caller = _caller(identity, ip)
+    _warn_if_memory()
+    for tag in blocks.block(_state(), caller, seconds, reason, actor):
+        click.echo(f"blocked {tag} for {seconds} s")
+
+
+@quota_cli.command("unblock", context_settings=_RAW)
+@identity_argument
+@click.option("--ip", help="A client address: unblocks the anonymous caller from it.")
+@actor_option
+@_one_line_errors
+def unblock(identity: str | None, ip: str | None, actor: str) -> None:
+    """Lift the block of IDENTITY (or of --ip); every worker serves it again within 2 s."""
+    caller = _caller(identity, ip)
+    _warn_if_memory()
+    lifted = blocks.unblock(_state(), caller, actor)
+    for tag in blocks.tags_of(caller):
+        click.echo(f"unblocked {tag}" if tag in lifted else f"{tag} was not blocked")
+
+
+@blocks_cli.command("list")
+@_one_line_errors
+def blocks_list() -> None:
+    """Show every live block: who, until when, by whom and why."""
+    _warn_if_memory()
+    rows = [
+        [
+            b.tag,
+            datetime.fromtimestamp(b.until, UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            f"{b.remaining} s",
+            b.by,
+            b.reason or "-",
+        ]
+        for b in blocks.list_blocks(_state())
+    ]
+    _table(rows, ["CALLER", "UNTIL", "LEFT", "BY", "REASON"])

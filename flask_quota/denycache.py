@@ -20,6 +20,7 @@ from .algorithms import Algorithm, Outcome
 from .clock import US
 from .rates import Rate
 from .storage import Check, Storage, Verdict
+from .storage.base import BlockEntry
 
 __all__ = ["DenyCache"]
 
@@ -42,8 +43,9 @@ class DenyCache:
 
     A denial for cost ``c`` also answers costs ``>= c`` (they need more room).
     An entry applies only to the rate it was made under, so a plan or override
-    change is never answered from a stale denial; ``clear()`` forgets everything
-    (the SQL layer calls it when quotas change, e.g. after a usage reset).
+    change is never answered from a stale denial. ``forget()`` drops every local
+    denial: each worker calls it when the SQL version moves, which resets,
+    unblocks and plan changes all bump (see ``SqlStore.on_change``).
     At most ``max_keys`` keys are remembered.
     """
 
@@ -60,6 +62,7 @@ class DenyCache:
         self._max_keys = max_keys
         self._lock = threading.Lock()
         self._denials: dict[str, tuple[_Denial, ...]] = {}
+        self._forgot_at = float("-inf")  # denials asked for before this are stale
 
     def decide(self, checks: Sequence[Check]) -> Verdict:
         """Answer a cached denial here; otherwise ask the storage and remember its denials."""
@@ -93,12 +96,27 @@ class DenyCache:
     def clear(self, keys: Sequence[str] = ()) -> None:
         """Forget ``keys`` in the storage and here; with no keys, forget every local denial."""
         self.storage.clear(keys)
+        self.forget(keys)
+
+    def forget(self, keys: Sequence[str] = ()) -> None:
+        """Drop local denials of ``keys`` (all of them when empty); the storage is untouched.
+
+        A decision asked for before this moment may still come back denied (the
+        storage answered before the change): it is not remembered.
+        """
         with self._lock:
             if keys:
                 for key in keys:
                     self._denials.pop(key, None)
             else:
                 self._denials.clear()
+                self._forgot_at = self._clock()
+
+    def block(self, key: str, seconds: int, info: str) -> None:
+        self.storage.block(key, seconds, info)
+
+    def blocks(self, match: str) -> list[BlockEntry]:
+        return self.storage.blocks(match)
 
     def ping(self) -> float:
         """The storage's round-trip latency in seconds."""
@@ -149,6 +167,8 @@ class DenyCache:
     def _remember(self, checks: Sequence[Check], verdict: Verdict, sent: float) -> None:
         seen = tuple((c.key, o) for c, o in zip(checks, verdict.outcomes, strict=True))
         with self._lock:
+            if sent < self._forgot_at:
+                return  # asked before a reset or unblock: the answer may be stale
             if len(self._denials) >= self._max_keys:
                 self._prune(sent)
             for check, outcome in zip(checks, verdict.outcomes, strict=True):

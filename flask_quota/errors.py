@@ -7,12 +7,14 @@ from typing import Any
 
 from werkzeug.exceptions import HTTPException, ServiceUnavailable, TooManyRequests, Unauthorized
 
+from .algorithms import Outcome
 from .clock import ceil_seconds
 from .policy import Decision
 from .tiers import Tier
 
 __all__ = [
     "PROBLEM_TYPE",
+    "CallerBlocked",
     "InvalidApiKey",
     "QuotaExceeded",
     "QuotaUnavailable",
@@ -69,7 +71,7 @@ class QuotaExceeded(_Problem, TooManyRequests):
         )
         # Set after super().__init__, which would reset ``retry_after``.
         self.decision = decision
-        self.tier = denied.tier
+        self.tier: str = denied.tier  # a Tier, or "blocked" (CallerBlocked)
         self.policy = denied.name
         self.resource = denied.resource
         self.plan = decision.plan
@@ -88,7 +90,7 @@ class QuotaExceeded(_Problem, TooManyRequests):
             "status": 429,
             "detail": self.description,
             "violated-policies": [r.name for r in self.decision.results if not r.outcome.allowed],
-            "tier": self.tier.value,
+            "tier": str(self.tier),
             "resource": self.resource,
             "plan": self.plan,
             "limit": self.limit,
@@ -109,6 +111,35 @@ def retry_after_seconds(decision: Decision) -> int:
     denied = decision.denied
     wait = denied.outcome.retry_after_us if denied is not None else 0
     return max(1, decision.seconds_until(decision.now_us + wait))
+
+
+class CallerBlocked(QuotaExceeded):
+    """The caller is blocked (``QUOTA_BLOCK_AFTER`` or ``quota.block``): 429 with
+    ``"tier": "blocked"`` and ``Retry-After`` the rest of the block.
+
+    ``decision`` holds the tiers as the storage saw them; none was charged.
+    """
+
+    def __init__(self, decision: Decision, block: Outcome) -> None:
+        retry_after = max(1, decision.seconds_until(decision.now_us + block.retry_after_us))
+        # Not QuotaExceeded.__init__: no tier denied, the block did.
+        TooManyRequests.__init__(
+            self, f"Blocked for {retry_after} more s after too many denied requests."
+        )
+        self.decision = decision
+        self.tier = "blocked"
+        self.policy = "blocked"
+        self.resource = None
+        self.plan = decision.plan
+        self.limit = 0
+        self.window = retry_after
+        self.remaining = 0
+        self.retry_after = retry_after
+        self.reset = ceil_seconds(block.reset_us)
+        self.upgrade = None
+
+    def problem(self) -> dict[str, Any]:
+        return {**super().problem(), "violated-policies": ["blocked"]}
 
 
 class QuotaUnavailable(_Problem, ServiceUnavailable):

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from flask import Blueprint, Flask, Request, Response, current_app, g, request
 
-from . import inspection, signals, validators
+from . import blocks, inspection, signals, validators
+from .blocks import Block
 from .breaker import CircuitBreaker
 from .denycache import DenyCache
-from .errors import InvalidApiKey, QuotaExceeded, retry_after_seconds
+from .errors import CallerBlocked, InvalidApiKey, QuotaExceeded, retry_after_seconds
 from .failover import GuardedStorage
 from .headers import apply_headers, rate_limit_headers
 from .identity import Identity, plausible_api_key
@@ -37,6 +38,7 @@ __all__ = ["Quota"]
 log = logging.getLogger("flask_quota")
 
 V = TypeVar("V", bound=Callable[..., Any] | Blueprint)
+
 
 def _gunicorn_workers() -> int | None:
     """Workers of the gunicorn serving us, from its command line; None if unknown."""
@@ -108,6 +110,9 @@ class Quota:
             usage = UsageRecorder(usage_sink(storage, settings.key_prefix))
         if self._storage is None and settings.deny_cache and storage.name != "memory":
             storage = DenyCache(storage)  # a flood of denials stays off Redis
+            # A reset, an unblock or a plan change anywhere bumps the SQL version:
+            # then this worker's cached denials may be stale, so they go.
+            sql.on_change(storage.forget)
         app.extensions["quota"] = QuotaState(
             quota=self,
             settings=settings,
@@ -258,6 +263,32 @@ class Quota:
         plan = inspection.plan_of(state, caller)
         return inspection.reset(state, inspection.caller_checks(current_app, state, caller, plan))
 
+    def block(
+        self,
+        identity: str | None = None,
+        ip: str | None = None,
+        seconds: int = 600,
+        reason: str = "",
+    ) -> list[str]:
+        """Refuse a caller with 429 ``"tier": "blocked"`` for ``seconds``; returns the
+        blocked key tags.
+
+        ``identity`` blocks that identity; ``ip`` the anonymous caller from that
+        address. Audited (actor ``api``) before the storage changes. Needs an app context.
+        """
+        state = get_state()
+        return blocks.block(state, inspection.Caller.of(identity, ip), seconds, reason, "api")
+
+    def unblock(self, identity: str | None = None, ip: str | None = None) -> list[str]:
+        """Lift ``block``'s blocks (in every worker within the sync interval); returns
+        the tags that were blocked. Audited before the storage changes."""
+        state = get_state()
+        return blocks.unblock(state, inspection.Caller.of(identity, ip), "api")
+
+    def blocks(self) -> list[Block]:
+        """Every live block, automatic or by hand. Needs an app context."""
+        return blocks.list_blocks(get_state())
+
     def current_decision(self) -> Decision | None:
         """The decision made for the current request, if any tier applied."""
         decision: Decision | None = g.get("_quota")
@@ -320,10 +351,15 @@ class Quota:
         )
         if not checks:
             return
-        verdict = state.guard.decide([c.check for c in checks])
+        # The caller's block is read in the same storage call as its tiers.
+        gate = blocks.gate_check(state.policy.keys, tag)
+        verdict = state.guard.decide([gate, *[c.check for c in checks]])
         if verdict is None:  # storage down, failing open
             return
+        blocked, verdict = blocks.split(verdict, 1)
         decision = Decision.from_verdict(plan.name, checks, verdict)
+        if blocked is not None:
+            raise CallerBlocked(decision, blocked)
         scope = g._get_current_object()
         scope._quota = decision
         scope._quota_who = tag
@@ -331,6 +367,11 @@ class Quota:
         if denied is not None:
             if signals.quota_exceeded.receivers:
                 signals.quota_exceeded.send(app, decision=decision)
+            if settings.block_after is not None:
+                storage, keys = state.storage, state.policy.keys
+                blocked = blocks.escalate(storage, state.guard, settings, keys, tag)
+                if blocked is not None:
+                    raise CallerBlocked(decision, blocked)
             resource_name = denied.resource if denied.resource == resource else None
             upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
             raise QuotaExceeded(decision, upgrade=upgrade)
@@ -394,6 +435,7 @@ class Quota:
             state.guard.charge(state.policy.endpoint_checks(checks, extra))
             return decision.adjusted(-extra, state.policy.algorithm)
         return decision
+
 
 def _storage_signals(app: Flask) -> Callable[[BaseException | None], None]:
     """The breaker's ``on_change``: ``storage_failed`` / ``storage_recovered`` for ``app``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from .breaker import CircuitBreaker
 from .errors import QuotaUnavailable
@@ -14,6 +15,7 @@ from .storage import Check, MemoryStorage, Storage, StorageError, Verdict
 __all__ = ["GuardedStorage"]
 
 log = logging.getLogger("flask_quota")
+T = TypeVar("T")
 
 
 class GuardedStorage:
@@ -77,3 +79,20 @@ class GuardedStorage:
             return
         if self.fallback is not None:
             call(self.fallback)
+
+    def attempt(self, call: Callable[[], T]) -> T | None:
+        """Run a storage call made after the decision (a block escalation).
+
+        ``None`` when the breaker is open or the call fails; failures count
+        towards the breaker, but the fail mode does not apply: the request
+        already has its answer.
+        """
+        if not self.breaker.allow():
+            return None
+        try:
+            result = call()
+        except StorageError as exc:
+            self.breaker.failed(exc, self.mode.value)
+            return None
+        self.breaker.succeeded()
+        return result

@@ -157,7 +157,13 @@ def peek(state: QuotaState, checks: Sequence[TierCheck]) -> list[BucketState]:
 
 
 def reset(state: QuotaState, checks: Sequence[TierCheck]) -> int:
-    """Forget the buckets of ``checks``; returns how many. Raises ``StorageError``."""
+    """Forget the buckets of ``checks``; returns how many. Raises ``StorageError``.
+
+    Then bumps the SQL version: every worker's deny cache forgets its denials
+    within the sync interval, so no worker keeps refusing the caller until the
+    old retry time.
+    """
     keys = [c.check.key for c in checks]
     state.storage.clear(keys)
+    state.sql.bump()
     return len(keys)

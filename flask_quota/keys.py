@@ -1,4 +1,5 @@
-"""Storage key layout: ``quota:{tag}:tier[:METHOD:resource]:algorithm``.
+"""Storage key layout: ``quota:{tag}:tier[:METHOD:resource]:algorithm``, and
+``quota:{tag}:b`` (a block) and ``quota:{tag}:d:algorithm`` (denials towards one).
 
 The ``{tag}`` is a Redis Cluster hash tag: every key of one identity lands in
 one slot. Anything that came from a client is percent-encoded (``{``, ``}``,
@@ -66,6 +67,18 @@ class KeyBuilder:
     def user_key(self, tag: str, algorithm: Algorithm) -> str:
         """The user tier's key for a caller."""
         return f"{self.prefix}:{{{tag}}}:u:{algorithm.code}"
+
+    def block_key(self, tag: str) -> str:
+        """Where a caller's block lives: in its own hash slot, next to its buckets."""
+        return f"{self.prefix}:{{{tag}}}:b"
+
+    def block_match(self) -> str:
+        """A glob matching every block key (for listing blocks)."""
+        return f"{self.prefix}:{{*}}:b"
+
+    def denials_key(self, tag: str, algorithm: Algorithm) -> str:
+        """The bucket counting a caller's denials towards a block (``QUOTA_BLOCK_AFTER``)."""
+        return f"{self.prefix}:{{{tag}}}:d:{algorithm.code}"
 
     def endpoint_key(self, tag: str, method: str, resource: str, algorithm: Algorithm) -> str:
         """The endpoint tier's key: caller, method and resource."""

@@ -32,7 +32,6 @@ MAX_RATES = 4  # rates on one limit, e.g. a burst guard, a minute, an hour and a
 _MAX_TEXT = 100  # characters of a limit's text, all rates (the SQL column's width)
 
 
-
 @dataclass(frozen=True, slots=True)
 class Rate:
     """``limit`` units per ``window`` seconds; a token bucket holds ``burst`` (or ``limit``)."""

@@ -14,6 +14,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from .algorithms import Algorithm
 from .plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
+from .rates import ACCEPTED, Rate, parse_rate
 
 __all__ = ["DEFAULTS", "DOCS", "FailMode", "HeaderMode", "Settings", "reference"]
 
@@ -57,6 +58,8 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_DATABASE_URL": None,  # None: SQLite file in the instance folder (or Quota(db=))
     "QUOTA_SYNC_INTERVAL": 0.5,  # seconds between checks for plan/client changes in SQL
     "QUOTA_EXEMPT_METHODS": "OPTIONS",  # no tier applies to these (CORS preflights)
+    "QUOTA_BLOCK_AFTER": None,  # e.g. "20/minute": a caller denied more often is blocked
+    "QUOTA_BLOCK_FOR": 600,  # seconds such a block lasts
 }
 
 # What each key means: the configuration reference (README, docs and init_app's
@@ -96,6 +99,12 @@ DOCS: dict[str, str] = {
 DOCS["QUOTA_EXEMPT_METHODS"] = (
     "HTTP methods no tier applies to (comma-separated or a list); CORS preflights by default."
 )
+
+DOCS["QUOTA_BLOCK_AFTER"] = (
+    "A rate such as ``20/minute``: a caller denied more often than this is blocked; "
+    "``None``: never."
+)
+DOCS["QUOTA_BLOCK_FOR"] = "Seconds a block by ``QUOTA_BLOCK_AFTER`` lasts."
 
 # Read by the dashboard when it is mounted (dashboard/auth.py), not by Settings.
 DASHBOARD_DOCS: dict[str, str] = {
@@ -141,6 +150,8 @@ class Settings:
     database_url: str | None
     sync_interval: float
     exempt_methods: frozenset[str]
+    block_after: Rate | None = None
+    block_for: int = 600
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -177,6 +188,8 @@ class Settings:
             database_url=_database_url(get, "QUOTA_DATABASE_URL"),
             sync_interval=_positive(get, "QUOTA_SYNC_INTERVAL"),
             exempt_methods=_methods(get, "QUOTA_EXEMPT_METHODS"),
+            block_after=_block_after(get, "QUOTA_BLOCK_AFTER"),
+            block_for=_whole_seconds(get, "QUOTA_BLOCK_FOR"),
         )
         for key in ("QUOTA_DEFAULT_PLAN", "QUOTA_ANONYMOUS_PLAN"):
             if get[key] not in plans:
@@ -249,6 +262,27 @@ def _positive(get: dict[str, Any], key: str) -> float:
     if not number > 0 or number == float("inf") or isinstance(value, bool):
         raise ValueError(f"{key}={value!r} must be a positive number of seconds")
     return number
+
+
+def _block_after(get: dict[str, Any], key: str) -> Rate | None:
+    value = get[key]
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "off")):
+        return None
+    try:
+        return parse_rate(value)
+    except ValueError:
+        raise ValueError(
+            f"{key}={value!r} is not a rate; use e.g. '20/minute' (a caller denied more often "
+            f"is blocked for QUOTA_BLOCK_FOR seconds) or None to never block; rates: {ACCEPTED}"
+        ) from None
+
+
+def _whole_seconds(get: dict[str, Any], key: str) -> int:
+    value = get[key]
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) <= 0:
+        raise ValueError(f"{key}={value!r} must be a whole number of seconds above 0, e.g. 600")
+    return int(text)
 
 
 def _database_url(get: dict[str, Any], key: str) -> str | None:

@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,6 +101,7 @@ class SqlStore:
         self._start_lock = threading.Lock()  # one first load per process
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
+        self._listeners: list[Callable[[], None]] = []
         if db is not None:
             # The host's `db.create_all()` and `flask db migrate` then include our tables.
             for table in metadata.sorted_tables:
@@ -266,12 +267,21 @@ class SqlStore:
             return conn.scalar(select(QuotaMeta.version).where(QuotaMeta.id == 1)) or 0
 
     def refresh(self) -> bool:
-        """Reload the snapshot if the database's version moved; True if it did."""
+        """Reload the snapshot if the database's version moved; True if it did.
+
+        Then every ``on_change`` listener runs (the deny cache forgets its denials).
+        """
         current = self._snapshot
         if current is not None and self.version() == current.version:
             return False
         self._snapshot = self.load()  # one attribute store: requests see old or new, whole
+        for listener in self._listeners:
+            listener()
         return True
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` in each process whenever it sees the version move."""
+        self._listeners.append(listener)
 
     # -- writing ------------------------------------------------------------
 
@@ -291,6 +301,15 @@ class SqlStore:
             )
         if self._snapshot is not None:
             self.refresh()
+
+    def bump(self) -> None:
+        """Tell every process that quotas changed outside the tables (a reset, an unblock).
+
+        Each process reloads at its next poll and runs its ``on_change`` listeners,
+        so no worker keeps answering from a local denial the change made stale.
+        """
+        with self.change():
+            pass
 
     def session(self) -> Session:
         """A session for reading the tables (``with store.session() as s: ...``)."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from .base import Check, Clock, Storage, StorageError, Verdict, wall_clock_us
+from .base import BlockEntry, Check, Clock, Storage, StorageError, Verdict, wall_clock_us
 from .memory import MemoryStorage
 from .url import FORMS, parse_storage_url
 
 __all__ = [
+    "BlockEntry",
     "Check",
     "Clock",
     "MemoryStorage",

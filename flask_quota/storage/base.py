@@ -7,11 +7,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
-from ..algorithms import Algorithm, Outcome
+from ..algorithms import Algorithm, Gate, Outcome
 from ..clock import Clock, wall_clock_us
 from ..rates import Rate
 
 __all__ = [
+    "BlockEntry",
     "Check",
     "Clock",
     "Storage",
@@ -30,7 +31,7 @@ class Check:
     """One tier's question to the storage: may ``cost`` units pass on ``key``?"""
 
     key: str
-    algorithm: Algorithm
+    algorithm: Algorithm | Gate
     rate: Rate
     cost: int
 
@@ -46,6 +47,15 @@ class Verdict:
     def allowed(self) -> bool:
         """True when every check allowed."""
         return all(o.allowed for o in self.outcomes)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockEntry:
+    """A live block as the storage holds it: its key, what is left of it, and its info."""
+
+    key: str
+    remaining_us: int
+    info: str  # JSON written by ``blocks.py``: reason, who, when
 
 
 class StorageError(Exception):
@@ -101,6 +111,12 @@ class Storage(Protocol):
 
     def clear(self, keys: Sequence[str]) -> None:
         """Forget the state of ``keys`` (a reset)."""
+
+    def block(self, key: str, seconds: int, info: str) -> None:
+        """Hold ``info`` at ``key`` for ``seconds``: a ``Gate.BLOCK`` check on it denies."""
+
+    def blocks(self, match: str) -> list[BlockEntry]:
+        """Every live block whose key matches the glob ``match`` (an admin listing)."""
 
     def ping(self) -> float:
         """Round-trip latency in seconds; raises ``StorageError`` when down."""

@@ -28,7 +28,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 from redis.retry import Retry
 
 from ..algorithms import Outcome
-from .base import Check, Clock, StorageError, Verdict, wall_clock_us, wraps_errors
+from .base import BlockEntry, Check, Clock, StorageError, Verdict, wall_clock_us, wraps_errors
 from .redis import (
     CHARGE_SCRIPT,
     REDIS_ERRORS,
@@ -36,6 +36,7 @@ from .redis import (
     SCRIPT,
     charge_args,
     parse_reply,
+    read_blocks,
     refund_args,
 )
 from .url import parse_storage_url
@@ -153,6 +154,16 @@ class ClusterStorage:
         """Forget the state of ``keys`` (a reset)."""
         if keys:
             self._connected()[0].delete(*keys)  # split per slot by the cluster client
+
+    @wraps_errors(*REDIS_ERRORS)
+    def block(self, key: str, seconds: int, info: str) -> None:
+        self._connected()[0].set(key, info, ex=seconds)
+
+    @wraps_errors(*REDIS_ERRORS)
+    def blocks(self, match: str) -> list[BlockEntry]:
+        client = self._connected()[0]
+        # SCAN visits every primary; the pipeline sends each read to its key's node.
+        return read_blocks(client, list(client.scan_iter(match=match, count=1000)))
 
     @wraps_errors(*REDIS_ERRORS)
     def ping(self) -> float:

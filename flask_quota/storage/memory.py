@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import fnmatch
 import heapq
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 from ..adjust import CHARGES, REFUNDS, Change
-from ..algorithms import ALGORITHMS, Step
-from .base import Check, Clock, Verdict, wall_clock_us
+from ..algorithms import ALGORITHMS, Algorithm, Step
+from .base import BlockEntry, Check, Clock, Verdict, wall_clock_us
 
 __all__ = ["MemoryStorage"]
 
@@ -50,7 +51,7 @@ class MemoryStorage:
         with self._lock:
             now = self._clock()
             for check in checks:
-                if check.cost > 0:
+                if check.cost > 0 and isinstance(check.algorithm, Algorithm):
                     state = self._live(check.key, now)
                     refund = REFUNDS[check.algorithm]
                     change = refund(state, now, check.rate, check.cost, charged_at_us)
@@ -62,7 +63,7 @@ class MemoryStorage:
             now = self._clock()
             self._sweep(now)
             for check in checks:
-                if check.cost > 0:
+                if check.cost > 0 and isinstance(check.algorithm, Algorithm):
                     state = self._live(check.key, now)
                     change = CHARGES[check.algorithm](state, now, check.rate, check.cost)
                     self._apply(check.key, change, now)
@@ -72,6 +73,21 @@ class MemoryStorage:
         with self._lock:
             for key in keys:
                 self._drop(key)
+
+    def block(self, key: str, seconds: int, info: str) -> None:
+        with self._lock:
+            now = self._clock()
+            until = now + seconds * 1_000_000
+            self._store(key, (until, info), until - now, now)
+
+    def blocks(self, match: str) -> list[BlockEntry]:
+        with self._lock:
+            now = self._clock()
+            return [
+                BlockEntry(key, state[0] - now, state[1])
+                for key, (state, expires) in self._data.items()
+                if expires > now and fnmatch.fnmatchcase(key, match)
+            ]
 
     def ping(self) -> float:
         """Always 0: there is no round trip."""

@@ -12,9 +12,17 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..algorithms import Outcome
-from .base import Check, Clock, Verdict, wraps_errors
+from .base import BlockEntry, Check, Clock, Verdict, wraps_errors
 
-__all__ = ["CHARGE_SCRIPT", "REDIS_ERRORS", "REFUND_SCRIPT", "SCRIPT", "RedisStorage"]
+__all__ = [
+    "CHARGE_SCRIPT",
+    "REDIS_ERRORS",
+    "REFUND_SCRIPT",
+    "SCRIPT",
+    "RedisStorage",
+    "parse_reply",
+    "read_blocks",
+]
 
 # What redis-py and the socket raise when Redis cannot answer.
 REDIS_ERRORS = (redis.RedisError, OSError)
@@ -27,6 +35,7 @@ _PARTS = (
     "fixed_window.lua",
     "sliding_window_log.lua",
     "sliding_window_counter.lua",
+    "block.lua",
     "decide.lua",
 )
 
@@ -120,6 +129,14 @@ class RedisStorage:
             self.client.delete(*keys)
 
     @wraps_errors(*REDIS_ERRORS)
+    def block(self, key: str, seconds: int, info: str) -> None:
+        self.client.set(key, info, ex=seconds)
+
+    @wraps_errors(*REDIS_ERRORS)
+    def blocks(self, match: str) -> list[BlockEntry]:
+        return read_blocks(self.client, list(self.client.scan_iter(match=match, count=1000)))
+
+    @wraps_errors(*REDIS_ERRORS)
     def ping(self) -> float:
         """Round-trip latency in seconds; raises ``StorageError`` when down."""
         start = time.perf_counter()
@@ -138,6 +155,21 @@ class RedisStorage:
             args += [check.algorithm.code, rate.limit, rate.window_us, rate.capacity, check.cost]
         reply = self._script(keys=[c.key for c in checks], args=args)
         return parse_reply(reply, checks)
+
+
+def read_blocks(client: Any, keys: list[Any]) -> list[BlockEntry]:
+    """The value and the rest of the TTL of each block key, in one pipeline."""
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.get(key)
+        pipe.pttl(key)
+    replies = pipe.execute() if keys else []
+    found = []
+    for key, info, ttl in zip(keys, replies[::2], replies[1::2], strict=True):
+        if info is not None and ttl > 0:  # gone, or ended between SCAN and the read
+            name = key.decode() if isinstance(key, bytes) else key
+            found.append(BlockEntry(name, ttl * 1000, info.decode("utf-8", "replace")))
+    return found
 
 
 def parse_reply(reply: Sequence[int], checks: Sequence[Check]) -> Verdict:

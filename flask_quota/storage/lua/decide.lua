@@ -12,6 +12,7 @@ local algorithms = {
   fw = fixed_window,
   swl = sliding_window_log,
   swc = sliding_window_counter,
+  blk = block_gate,
 }
 
 local now = tonumber(ARGV[2])

@@ -79,6 +79,7 @@ local refunds = {
   fw = refund_fixed,
   swl = refund_log,
   swc = refund_counter,
+  blk = function() return 0 end, -- a block gate charges nothing
 }
 
 local changed = 0

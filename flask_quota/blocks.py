@@ -1,0 +1,183 @@
+"""Blocks: a caller who keeps getting denied is refused outright for a while.
+
+A block is one key per caller, ``quota:{tag}:b``, in the caller's hash slot
+(so Redis Cluster decides it with the caller's tiers), holding JSON about who
+blocked and why, with the block's length as its TTL. Every decision carries a
+``Gate.BLOCK`` check on it, so a block costs no extra round trip, and the deny
+cache answers a blocked caller locally until the block ends.
+
+With ``QUOTA_BLOCK_AFTER`` set, each denied request charges the caller's
+"denials" bucket at that rate (one more storage call, on denials only); when
+that bucket denies, the caller is blocked for ``QUOTA_BLOCK_FOR`` seconds.
+Operators block and unblock by hand through ``quota.block``/``quota.unblock``,
+``flask quota block|unblock|blocks list`` and the dashboard; each change is
+audited before it is made, and an unblock bumps the SQL version so that every
+worker's deny cache forgets the block within the sync interval.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from .admin import QuotaAdmin
+from .algorithms import Gate, Outcome
+from .clock import US, ceil_seconds
+from .denycache import DenyCache
+from .failover import GuardedStorage
+from .inspection import Caller
+from .keys import KeyBuilder
+from .rates import Rate
+from .settings import Settings
+from .state import QuotaState
+from .storage import Check, Storage, Verdict
+
+__all__ = [
+    "Block",
+    "block",
+    "escalate",
+    "gate_check",
+    "list_blocks",
+    "split",
+    "tags_of",
+    "unblock",
+]
+
+# A gate has no rate, but a Check carries one; this constant one also keys the deny cache.
+_GATE_RATE = Rate(1, 1)
+_REASON_MAX = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A live block as ``quota.blocks()`` lists it."""
+
+    tag: str  # "id=..." (an identity) or "ip=..." (the anonymous caller from an address)
+    name: str  # the identity or address itself
+    until: int  # Unix seconds
+    remaining: int  # whole seconds left
+    reason: str
+    by: str  # "auto" (QUOTA_BLOCK_AFTER) or who blocked by hand
+
+
+def gate_check(keys: KeyBuilder, tag: str) -> Check:
+    """The check that denies while the caller ``tag`` is blocked; it charges nothing."""
+    return Check(keys.block_key(tag), Gate.BLOCK, _GATE_RATE, 0)
+
+
+def split(verdict: Verdict, gates: int) -> tuple[Outcome | None, Verdict]:
+    """(the denying gate's outcome or None, the verdict of the tiers alone)."""
+    denied = next((o for o in verdict.outcomes[:gates] if not o.allowed), None)
+    return denied, Verdict(verdict.now_us, verdict.outcomes[gates:])
+
+
+def escalate(
+    storage: Storage, guard: GuardedStorage, settings: Settings, keys: KeyBuilder, tag: str
+) -> Outcome | None:
+    """Count one denial of ``tag`` towards ``QUOTA_BLOCK_AFTER``; the block's outcome when
+    the caller is blocked now (by this denial, or meanwhile by another worker)."""
+    rate = settings.block_after
+    if rate is None:
+        return None
+    gate = gate_check(keys, tag)
+    denials = Check(keys.denials_key(tag, settings.algorithm), settings.algorithm, rate, 1)
+    verdict = guard.attempt(lambda: storage.decide([gate, denials]))
+    if verdict is None or verdict.allowed:
+        return None  # storage down, or still under the threshold
+    gate_outcome, _ = verdict.outcomes
+    if not gate_outcome.allowed:
+        return gate_outcome
+    seconds = settings.block_for
+    info = _info(f"denied more than {rate.per()}", "auto", seconds)
+
+    def set_block() -> bool:
+        storage.block(gate.key, seconds, info)
+        return True
+
+    if not guard.attempt(set_block):
+        return None  # the storage failed: the caller gets the ordinary 429
+    if isinstance(storage, DenyCache):
+        # The denials bucket's cached "no" would hide the block from this worker; the
+        # next decision asks the storage, sees the block and caches that instead.
+        storage.forget([denials.key])
+    return Outcome(False, 0, 0, verdict.now_us + seconds * US, seconds * US)
+
+
+# -- tools: quota.block/unblock/blocks, the CLI and the dashboard ---------------
+
+
+def block(state: QuotaState, caller: Caller, seconds: int, reason: str, actor: str) -> list[str]:
+    """Block the caller's identity, and the anonymous caller of its address if one is
+    named, for ``seconds``; audited first. Returns the blocked tags."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0:
+        raise ValueError(f"seconds must be a whole number above 0, got {seconds!r}")
+    if not isinstance(reason, str):
+        raise ValueError(f"reason must be a string, got {type(reason).__name__}")
+    reason = reason.strip()[:_REASON_MAX]
+    tags = tags_of(caller)
+    admin = QuotaAdmin(state.sql, actor=actor)
+    for tag in tags:
+        admin.record("block", tag, None, {"seconds": seconds, "reason": reason})
+    info = _info(reason, admin.actor, seconds)
+    for tag in tags:
+        state.storage.block(state.policy.keys.block_key(tag), seconds, info)
+    return tags
+
+
+def unblock(state: QuotaState, caller: Caller, actor: str) -> list[str]:
+    """Lift the blocks of ``block``'s tags (and forget their denials); audited first.
+
+    Bumps the SQL version so that every worker's deny cache forgets the block
+    within the sync interval. Returns the tags that were blocked.
+    """
+    keys, tags = state.policy.keys, tags_of(caller)
+    gates = [gate_check(keys, tag) for tag in tags]
+    verdict = state.storage.peek(gates)
+    blocked = [t for t, o in zip(tags, verdict.outcomes, strict=True) if not o.allowed]
+    admin = QuotaAdmin(state.sql, actor=actor)
+    for tag in tags:
+        admin.record("unblock", tag, {"blocked": tag in blocked}, None)
+    denials = [keys.denials_key(tag, state.settings.algorithm) for tag in tags]
+    state.storage.clear([g.key for g in gates] + denials)
+    state.sql.bump()
+    return blocked
+
+
+def list_blocks(state: QuotaState) -> list[Block]:
+    """Every live block, the longest-lasting first (one SCAN on Redis: an admin call)."""
+    now = time.time()
+    found = []
+    for entry in state.storage.blocks(state.policy.keys.block_match()):
+        tag = entry.key[entry.key.find("{") + 1 : entry.key.rfind("}")]
+        try:
+            info = json.loads(entry.info)
+        except ValueError:
+            info = {}
+        if not isinstance(info, dict):
+            info = {}
+        until = ceil_seconds(round(now * US) + entry.remaining_us)
+        found.append(
+            Block(
+                tag,
+                unquote(tag[3:]),
+                until,
+                max(1, ceil_seconds(entry.remaining_us)),
+                str(info.get("reason", "")),
+                str(info.get("by", "")),
+            )
+        )
+    return sorted(found, key=lambda b: (-b.until, b.tag))
+
+
+def tags_of(caller: Caller) -> list[str]:
+    """The tags ``block``/``unblock`` act on: the caller's, and its address's if named."""
+    tags = [caller.tag]
+    if caller.ip_tag is not None and caller.ip_tag != caller.tag:
+        tags.append(caller.ip_tag)
+    return tags
+
+
+def _info(reason: str, by: str, seconds: int) -> str:
+    return json.dumps({"reason": reason, "by": by, "at": int(time.time()), "seconds": seconds})
