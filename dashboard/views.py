@@ -249,9 +249,10 @@ def block_lift(tag: str) -> Response:
     try:
         lifted = blocks.unblock(get_state(), caller, admin().actor)  # audited first
     except StorageError as exc:
-        flash(f"Unblock failed: storage unavailable ({exc}).", "error")
+        reason = type(exc.__cause__ or exc).__name__  # not the message: it may name the URL
+        flash(f"Unblock failed: storage unavailable ({reason}).", "error")
     else:
-        name = data.display_name(tag)
+        name = _label(get_state(), tag)
         flash(f"Unblocked {name}." if lifted else f"{name} was not blocked.", "ok")
     return redirect(url_for(".blocks_page"))  # type: ignore[return-value]
 

@@ -63,12 +63,14 @@ class DenyCache:
         self._lock = threading.Lock()
         self._denials: dict[str, tuple[_Denial, ...]] = {}
         self._forgot_at = float("-inf")  # denials asked for before this are stale
+        self.hits = 0  # decisions answered here, without the storage
 
     def decide(self, checks: Sequence[Check]) -> Verdict:
         """Answer a cached denial here; otherwise ask the storage and remember its denials."""
         now = self._clock()
         cached = self._cached(checks, now)
         if cached is not None:
+            self.hits += 1
             return cached
         verdict = self.storage.decide(checks)
         if not verdict.allowed:

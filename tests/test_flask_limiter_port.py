@@ -162,14 +162,14 @@ def test_deduct_when_is_charge_when(app: Flask, clock: FrozenClock) -> None:
 
 def test_key_func_per_limit_is_key(app: Flask, clock: FrozenClock) -> None:
     """@limiter.limit(..., key_func=lambda: g.org) ~ key=: one bucket per organisation."""
-    quota = quota_app(app, clock)
-
-    @app.before_request
+    @app.before_request  # registered before Quota's hook, so it runs first
     def org() -> None:
         g.org = request.headers.get("X-Org", "none")
 
+    quota = quota_app(app, clock)
+
     @app.get("/org")
-    @quota.limit("3/minute", resource="org", key=lambda: g.org)  # type: ignore[call-arg]
+    @quota.limit("3/minute", resource="org", key=lambda: g.org)
     def org_view() -> str:
         return "org"
 
