@@ -20,6 +20,7 @@ from flask.cli import AppGroup
 from sqlalchemy.exc import SQLAlchemyError
 
 from .admin import AdminError, QuotaAdmin, parse_duration
+from .dbcli import db_cli
 from .extension import QuotaState, get_state, limited_endpoints
 from .identity import client_ip
 from .keys import KeyBuilder
@@ -42,6 +43,7 @@ overrides_cli = AppGroup("overrides", help="Per-client rates that win over the p
 quota_cli.add_command(plans_cli)
 quota_cli.add_command(clients_cli)
 quota_cli.add_command(overrides_cli)
+quota_cli.add_command(db_cli)
 
 
 def _default_actor() -> str:
