@@ -15,6 +15,8 @@ tables that already exist.
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
@@ -63,12 +65,27 @@ def migration_metadata() -> MetaData:
 
 @contextmanager
 def _alembic_config() -> Iterator[Config]:
+    """The packaged migrations, and Alembic's progress lines on stderr meanwhile.
+
+    No ini file: env.py then leaves the app's logging configuration alone.
+    """
     from alembic.config import Config
 
-    with resources.as_file(resources.files("flask_quota") / "migrations") as directory:
-        config = Config(str(directory / "alembic.ini"))
-        config.set_main_option("script_location", str(directory))
-        yield config
+    logger = logging.getLogger("alembic")
+    handler = logging.StreamHandler(sys.stderr)
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        with resources.as_file(resources.files("flask_quota") / "migrations") as directory:
+            config = Config()
+            config.set_main_option("script_location", str(directory))
+            yield config
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def _one_line_errors(command: F) -> F:
