@@ -21,6 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from . import blocks, inspection
 from .admin import AdminError, QuotaAdmin, parse_duration
+from .dbcli import db_cli
 from .policy import TierCheck
 from .sql_store import SqlStore, TablesMissing
 from .state import QuotaState, get_state
@@ -43,6 +44,7 @@ quota_cli.add_command(plans_cli)
 quota_cli.add_command(clients_cli)
 quota_cli.add_command(overrides_cli)
 quota_cli.add_command(blocks_cli)
+quota_cli.add_command(db_cli)
 
 
 def _default_actor() -> str:

@@ -125,7 +125,7 @@ class Quota:
         app.before_request(self._before_request)
         app.after_request(self._after_request)
         if settings.dashboard_url is not None:
-            from dashboard import make_blueprint  # the dashboard is loaded only when mounted
+            from .dashboard import make_blueprint  # the dashboard is loaded only when mounted
 
             app.register_blueprint(make_blueprint(), url_prefix=settings.dashboard_url)
         if self._api_key_loader is None:

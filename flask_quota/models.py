@@ -2,9 +2,9 @@
 
 The models use their own declarative base and ``MetaData`` rather than the
 host's ``db.Model``: an extension cannot know the host's ``db`` at import time.
-``Quota(app, db=db)`` copies these tables into ``db.metadata`` so that
-``db.create_all()`` and ``flask db migrate`` see them. Every constraint has a
-fixed name so that migrations match on SQLite and PostgreSQL alike.
+``Quota(app, db=db)`` copies these tables into ``db.metadata`` (``copy_tables``)
+so that ``db.create_all()`` and ``flask db migrate`` see them. Every constraint
+has a fixed name so that migrations match on SQLite and PostgreSQL alike.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ __all__ = [
     "PlanRecord",
     "QuotaMeta",
     "UTCDateTime",
+    "copy_tables",
     "metadata",
     "utcnow",
 ]
@@ -95,7 +96,26 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 class Model(DeclarativeBase):
+    """The declarative base of the quota tables (their own ``metadata``)."""
+
     metadata = metadata
+
+
+def copy_tables(target: MetaData) -> None:
+    """Add the quota tables to a host's ``MetaData``, for its ``create_all()`` and autogenerate.
+
+    The copies carry plain SQLAlchemy types (``UTCDateTime`` becomes
+    ``DateTime(timezone=True)``): a migration Alembic autogenerates from them
+    imports nothing of ours and runs as generated. Reads and writes go through
+    our own tables, whose ``UTCDateTime`` keeps datetimes aware and in UTC.
+    """
+    for table in metadata.sorted_tables:
+        if table.name in target.tables:
+            continue
+        copy = table.to_metadata(target)
+        for column in copy.columns:
+            if isinstance(column.type, UTCDateTime):
+                column.type = DateTime(timezone=True)
 
 
 def _tier(value: str) -> str:
@@ -111,9 +131,11 @@ class PlanRecord(Model):
     """A plan: the rates its callers get, in upgrade order (``position``)."""
 
     __tablename__ = "quota_plans"
+    # Table-level (not ``unique=True``): copies in a host's metadata keep the name.
+    __table_args__ = (UniqueConstraint("name"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(64))
     description: Mapped[str] = mapped_column(Text, default="")
     upgrade_hint: Mapped[str | None] = mapped_column(Text)  # None: generated from later plans
     position: Mapped[int] = mapped_column(Integer, default=0)  # cheapest first
@@ -182,11 +204,12 @@ class Client(Model):
     """An API client. Only a salted hash of its key is stored, plus a display prefix."""
 
     __tablename__ = "quota_clients"
+    __table_args__ = (UniqueConstraint("name"), UniqueConstraint("key_prefix"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(200), unique=True)
+    name: Mapped[str] = mapped_column(String(200))
     plan_id: Mapped[int] = mapped_column(ForeignKey("quota_plans.id"))
-    key_prefix: Mapped[str] = mapped_column(String(16), unique=True)
+    key_prefix: Mapped[str] = mapped_column(String(16))
     key_salt: Mapped[str] = mapped_column(String(64))
     key_hash: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

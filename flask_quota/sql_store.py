@@ -50,6 +50,7 @@ from .models import (
     PlanLimit,
     PlanRecord,
     QuotaMeta,
+    copy_tables,
     metadata,
 )
 from .plans import Plan
@@ -104,9 +105,7 @@ class SqlStore:
         self._listeners: list[Callable[[], None]] = []
         if db is not None:
             # The host's `db.create_all()` and `flask db migrate` then include our tables.
-            for table in metadata.sorted_tables:
-                if table.name not in db.metadata.tables:
-                    table.to_metadata(db.metadata)
+            copy_tables(db.metadata)
         _STORES.add(self)
 
     # -- engine -------------------------------------------------------------

@@ -1,10 +1,13 @@
-"""Alembic environment for flask-quota's ``quota_*`` tables (``flask db ...``).
+"""Alembic environment of flask-quota's ``quota_*`` tables.
 
-The database is the one the app's quota extension uses: the host's
-Flask-SQLAlchemy ``db`` given as ``Quota(app, db=db)``, or ``QUOTA_DATABASE_URL``
-(default: a SQLite file in the instance folder). The revision is kept in
-``quota_alembic_version`` and only ``quota_*`` tables are compared, so these
-migrations live beside a host's own without touching them.
+Runs under ``flask quota db ...`` (the migrations installed with the package)
+and under Flask-Migrate's ``flask db ...`` pointed at this directory (the demo:
+``flask --app wsgi db upgrade``). Either way the database is the one the app's
+quota extension uses: the host's Flask-SQLAlchemy ``db`` given as
+``Quota(app, db=db)``, or ``QUOTA_DATABASE_URL`` (default: a SQLite file in the
+instance folder). The revision is kept in ``quota_alembic_version`` and only
+``quota_*`` tables are compared, so these migrations live beside a host's own
+without touching them.
 """
 
 from __future__ import annotations
@@ -16,35 +19,23 @@ from typing import Any
 from alembic import context
 from flask import current_app
 
-from flask_quota.models import metadata
+from flask_quota.dbcli import include_name, migration_metadata, quota_engine
 from flask_quota.sql_store import VERSION_TABLE
-from flask_quota.state import get_state
 
 config = context.config
 if config.config_file_name is not None:
-    fileConfig(config.config_file_name)
+    # Keep the app's loggers (flask_quota's among them) alive.
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
 logger = logging.getLogger("alembic.env")
 
 
-def _engine() -> Any:
-    sql = get_state(current_app).sql
-    if sql is None:
-        raise RuntimeError("flask-quota has no SQL store on this app")
-    return sql.engine
-
-
-def _ours(name: str | None, type_: str, parent_names: Any) -> bool:
-    # A shared database holds the host's tables too: compare only ours.
-    return type_ != "table" or (name or "").startswith("quota_")
-
-
 def _options() -> dict[str, Any]:
-    migrate = current_app.extensions.get("migrate")
+    migrate = current_app.extensions.get("migrate")  # Flask-Migrate's, when it runs us
     options = dict(getattr(migrate, "configure_args", {}) or {})
     options.update(
-        target_metadata=metadata,
+        target_metadata=migration_metadata(),
         version_table=VERSION_TABLE,
-        include_name=_ours,
+        include_name=include_name,
         compare_type=True,
     )
     return options
@@ -52,7 +43,7 @@ def _options() -> dict[str, Any]:
 
 def run_migrations_offline() -> None:
     context.configure(
-        url=_engine().url.render_as_string(hide_password=False),
+        url=quota_engine(current_app).url.render_as_string(hide_password=False),
         literal_binds=True,
         **_options(),
     )
@@ -69,7 +60,7 @@ def run_migrations_online() -> None:
 
     options = _options()
     options.setdefault("process_revision_directives", skip_empty)
-    with _engine().connect() as connection:
+    with quota_engine(current_app).connect() as connection:
         context.configure(connection=connection, **options)
         with context.begin_transaction():
             context.run_migrations()

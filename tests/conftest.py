@@ -1,4 +1,8 @@
-"""Fixtures: a fresh app per test, a frozen clock, and real redis-server processes."""
+"""Fixtures: a fresh app per test, a frozen clock, and real redis-server processes.
+
+CI (``CI=true``) runs every real part: a missing redis-server or PostgreSQL
+fails the tests that need it instead of skipping them (tests/sqldb.py).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,11 @@ from pathlib import Path
 import pytest
 import redis
 from flask import Flask
+from sqlalchemy.engine import make_url
 
 from flask_quota.testing import FrozenClock
 from tests.servers import REDIS_SERVER, RedisServer
+from tests.sqldb import POSTGRES_REQUIRED, POSTGRES_URL
 
 # CI sets CI=true: there a missing redis-server is a failure, not a skip.
 REDIS_REQUIRED = os.environ.get("CI", "").lower() in ("1", "true") or bool(
@@ -20,10 +26,17 @@ REDIS_REQUIRED = os.environ.get("CI", "").lower() in ("1", "true") or bool(
 )
 
 
-def pytest_report_header() -> str:
-    if REDIS_SERVER is None:
-        return "!!! redis-server NOT FOUND: every Redis test is SKIPPED (apt-get install it)"
-    return f"redis-server: {REDIS_SERVER}"
+def pytest_report_header() -> list[str]:
+    lines = [
+        f"redis-server: {REDIS_SERVER}"
+        if REDIS_SERVER is not None
+        else "!!! redis-server NOT FOUND: every Redis test is SKIPPED (apt-get install it)"
+    ]
+    if POSTGRES_URL is not None:
+        lines.append(f"PostgreSQL: {make_url(POSTGRES_URL).render_as_string(hide_password=True)}")
+    else:
+        lines.append("!!! QUOTA_TEST_DATABASE_URL not set: PostgreSQL variants are SKIPPED")
+    return lines
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -31,6 +44,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         sys.stderr.write(
             "\n\n!!! WARNING: redis-server is not installed; all Redis tests were SKIPPED.\n"
             "!!! Install it (apt-get install redis-server) to run the full suite.\n\n"
+        )
+    if POSTGRES_URL is None and not POSTGRES_REQUIRED:
+        sys.stderr.write(
+            "\n!!! WARNING: QUOTA_TEST_DATABASE_URL is not set; the PostgreSQL variants were\n"
+            "!!! SKIPPED. scripts/test.sh finds or starts a PostgreSQL and sets it.\n\n"
         )
 
 

@@ -3,6 +3,8 @@
 Set ``QUOTA_TEST_DATABASE_URL`` (e.g. ``postgresql://postgres@127.0.0.1:5432/test``)
 to run the SQL tests on PostgreSQL too. Each test gets a database of its own,
 created next to the one named and dropped afterwards, so nothing else is touched.
+Without it the PostgreSQL variants are skipped, loudly; under ``CI=true`` (or
+``QUOTA_REQUIRE_POSTGRES=1``) they fail instead.
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 
-__all__ = ["DATABASES", "POSTGRES_URL", "database", "postgres_database"]
+__all__ = ["DATABASES", "POSTGRES_REQUIRED", "POSTGRES_URL", "database", "postgres_database"]
 
 DATABASES = ["sqlite", "postgresql"]
 
 POSTGRES_URL = os.environ.get("QUOTA_TEST_DATABASE_URL") or None
+# CI sets CI=true: there a PostgreSQL variant that cannot run is a failure, not a skip.
+POSTGRES_REQUIRED = os.environ.get("CI", "").lower() in ("1", "true") or bool(
+    os.environ.get("QUOTA_REQUIRE_POSTGRES")
+)
 
 
 def _admin_url() -> URL:
@@ -36,6 +42,8 @@ def _admin_url() -> URL:
 def postgres_database() -> Iterator[str]:
     """A fresh, empty PostgreSQL database; dropped (with its connections) afterwards."""
     if POSTGRES_URL is None:
+        if POSTGRES_REQUIRED:
+            pytest.fail("PostgreSQL is required here (CI) but QUOTA_TEST_DATABASE_URL is not set")
         pytest.skip("!!! QUOTA_TEST_DATABASE_URL not set: PostgreSQL variant SKIPPED")
     admin_url = _admin_url()
     name = f"quota_test_{os.getpid()}_{secrets.token_hex(4)}"

@@ -37,6 +37,8 @@ from playwright.sync_api import Error as PlaywrightError
 from tests.apps.dashboard_demo import serving
 from tests.servers import RedisServer
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -18,7 +18,7 @@ branch_labels = None
 depends_on = None
 
 
-def upgrade():
+def upgrade() -> None:
     op.create_table('quota_audit_log',
     sa.Column('id', sa.Integer(), nullable=False),
     sa.Column('at', sa.DateTime(timezone=True), nullable=False),
@@ -91,7 +91,7 @@ def upgrade():
     )
 
 
-def downgrade():
+def downgrade() -> None:
     op.drop_table('quota_overrides')
     op.drop_table('quota_plan_limits')
     op.drop_table('quota_clients')

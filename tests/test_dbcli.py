@@ -1,0 +1,175 @@
+"""``flask quota db``: the packaged migrations, run on the database the quota extension uses.
+
+Every command runs on a fresh app, as a new process would, on a SQLite file and
+on PostgreSQL (tests/test_wheel.py runs them in real processes from the
+installed wheel). Tables made by the migrations, by the extension on first use,
+or by the host never conflict: ``upgrade`` on any of them succeeds and ends at
+the head revision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
+from sqlalchemy import create_engine, inspect, text
+
+from flask_quota import Quota
+from flask_quota.models import SCHEMA_REVISION, metadata
+from flask_quota.sql_store import VERSION_TABLE
+from tests.sqldb import DATABASES, database
+
+QUOTA_TABLES = set(metadata.tables)
+
+
+@pytest.fixture(params=DATABASES)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The same test on a SQLite file and on a fresh PostgreSQL database."""
+    yield from database(request.param, tmp_path)
+
+
+@dataclass
+class Result:
+    code: int
+    output: str
+
+
+class Project:
+    """An app whose every `flask ...` command is a fresh app, as a new process would be.
+
+    ``host_db``: the app keeps the quota tables in its Flask-SQLAlchemy ``db``
+    (``Quota(app, db=db)``); otherwise in ``QUOTA_DATABASE_URL``.
+    """
+
+    def __init__(self, directory: Path, url: str, *, host_db: bool = False) -> None:
+        self.directory = directory
+        self.url = url
+        self.host_db = host_db
+
+    @contextmanager
+    def app(self) -> Iterator[Flask]:
+        app = Flask(__name__, instance_path=str(self.directory / "instance"))
+        db = None
+        if self.host_db:
+            app.config["SQLALCHEMY_DATABASE_URI"] = self.url
+            db = SQLAlchemy(app)
+        else:
+            app.config["QUOTA_DATABASE_URL"] = self.url
+        Quota(app, db=db)
+        try:
+            yield app
+        finally:
+            app.extensions["quota"].sql.close()
+            if db is not None:
+                with app.app_context():
+                    db.engine.dispose()
+
+    def run(self, *args: str) -> Result:
+        with self.app() as app:
+            result = app.test_cli_runner().invoke(args=list(args))
+        return Result(result.exit_code, result.output)
+
+    def ok(self, *args: str) -> str:
+        result = self.run(*args)
+        assert result.code == 0, f"{args}: {result.output}"
+        return result.output
+
+    def create_all(self) -> None:
+        """The host's own ``db.create_all()``."""
+        with self.app() as app, app.app_context():
+            app.extensions["sqlalchemy"].create_all()
+
+    def tables(self) -> set[str]:
+        engine = create_engine(self.url)
+        try:
+            return set(inspect(engine).get_table_names())
+        finally:
+            engine.dispose()
+
+    def execute(self, sql: str) -> None:
+        engine = create_engine(self.url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(text(sql))
+        finally:
+            engine.dispose()
+
+
+@pytest.fixture
+def project(tmp_path: Path, database_url: str) -> Project:
+    """An app keeping the quota tables in its own database (QUOTA_DATABASE_URL)."""
+    return Project(tmp_path, database_url)
+
+
+def test_upgrade_builds_the_schema_and_the_app_then_uses_it(project: Project) -> None:
+    """`db upgrade` makes the tables at the head; first use seeds plans into them."""
+    assert "no revision" in project.ok("quota", "db", "current")
+    assert f"Running upgrade  -> {SCHEMA_REVISION}" in project.ok("quota", "db", "upgrade")
+    assert project.tables() == QUOTA_TABLES | {VERSION_TABLE}
+    assert f"{SCHEMA_REVISION} (head)" in project.ok("quota", "db", "current")
+    assert "free" in project.ok("quota", "plans", "list")  # seeded on first use
+    project.ok("quota", "db", "upgrade")  # again: nothing to do
+    assert f"{SCHEMA_REVISION} (head)" in project.ok("quota", "db", "current")
+
+
+def test_upgrade_after_create_on_first_use_is_a_no_op(project: Project) -> None:
+    """Tables the extension made itself are stamped: `db upgrade` finds nothing to do."""
+    assert "free" in project.ok("quota", "plans", "list")  # creates and stamps the tables
+    out = project.ok("quota", "db", "upgrade")
+    assert "Running upgrade" not in out and "stamped" not in out
+    assert f"{SCHEMA_REVISION} (head)" in project.ok("quota", "db", "current")
+
+
+def test_downgrade_base_drops_only_the_quota_tables(project: Project) -> None:
+    """`db downgrade base` removes our tables and leaves the host's alone; upgrade restores."""
+    project.execute("CREATE TABLE note (id INTEGER PRIMARY KEY)")
+    project.ok("quota", "db", "upgrade")
+    project.ok("quota", "db", "downgrade", "base")
+    assert project.tables() == {"note", VERSION_TABLE}
+    assert "no revision" in project.ok("quota", "db", "current")
+    project.ok("quota", "db", "upgrade")
+    assert project.tables() == {"note", VERSION_TABLE} | QUOTA_TABLES
+
+
+def test_tables_without_a_revision_that_differ_are_refused(tmp_path: Path) -> None:
+    """Unversioned tables unlike the models: a one-line error, nothing stamped or changed."""
+    project = Project(tmp_path, f"sqlite:///{tmp_path / 'q.sqlite3'}")
+    project.ok("quota", "db", "upgrade")
+    project.ok("quota", "db", "downgrade", "base")
+    project.execute("CREATE TABLE quota_meta (id INTEGER PRIMARY KEY, other INTEGER)")
+    result = project.run("quota", "db", "upgrade")
+    assert result.code == 1
+    assert "Error: the quota tables exist without a migration revision" in result.output
+    assert "no revision" in project.ok("quota", "db", "current")
+
+
+def test_bad_revision_is_a_one_line_error(tmp_path: Path) -> None:
+    """An unknown revision exits 1 with Alembic's message, no traceback."""
+    project = Project(tmp_path, f"sqlite:///{tmp_path / 'q.sqlite3'}")
+    result = project.run("quota", "db", "upgrade", "no_such_revision")
+    assert result.code == 1
+    assert result.output.strip().splitlines()[-1] == (
+        "Error: Can't locate revision identified by 'no_such_revision'"
+    )
+
+
+def test_host_db_gets_the_tables_and_create_all_tables_are_adopted(
+    tmp_path: Path, database_url: str
+) -> None:
+    """With Quota(app, db=db) the commands use db's database; create_all() tables are stamped."""
+    host = Project(tmp_path, database_url, host_db=True)
+    host.ok("quota", "db", "upgrade")
+    assert host.tables() == QUOTA_TABLES | {VERSION_TABLE}
+    host.ok("quota", "db", "downgrade", "base")
+    host.execute(f"DROP TABLE {VERSION_TABLE}")
+
+    host.create_all()
+    assert host.tables() == QUOTA_TABLES
+    assert "they match" in host.ok("quota", "db", "upgrade")
+    assert f"{SCHEMA_REVISION} (head)" in host.ok("quota", "db", "current")
+    assert "enterprise" in host.ok("quota", "plans", "list")
