@@ -18,7 +18,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from werkzeug.security import generate_password_hash
 
-from dashboard.auth import DEVICE_COOKIE, Authenticator
+from flask_quota.dashboard.auth import DEVICE_COOKIE, Authenticator
 from flask_quota.storage.redis import RedisStorage
 from tests.servers import RedisServer
 from tests.test_dashboard import HASH, OPS, PASSWORD, basic, dashboard_app
