@@ -49,7 +49,9 @@ def blip_app(app: Flask, server: RedisServer, **config: object) -> Flask:
     return app
 
 
-def traffic_with_a_stall(app: Flask, server: RedisServer, threads: int) -> tuple[list[Reply], float]:
+def traffic_with_a_stall(
+    app: Flask, server: RedisServer, threads: int
+) -> tuple[list[Reply], float]:
     """Steady requests from ``threads`` loops; Redis stalls once for STALL seconds.
 
     Returns every reply and the moment the stall began.
@@ -198,7 +200,7 @@ def test_open_breaker_probes_once_per_cooldown(caplog: pytest.LogCaptureFixture)
 @pytest.mark.parametrize("bad", [0, -1, True, 2.5, "x", "", "1e3", "\u0663", None])
 def test_threshold_setting_rejects_anything_but_a_positive_whole_number(bad: object) -> None:
     """QUOTA_BREAKER_THRESHOLD must be a whole number >= 1; anything else names the key."""
-    with pytest.raises(ValueError, match="QUOTA_BREAKER_THRESHOLD=.*at least 1"):
+    with pytest.raises(ValueError, match=r"QUOTA_BREAKER_THRESHOLD=.*at least 1"):
         Settings.from_config({"QUOTA_BREAKER_THRESHOLD": bad})
 
 

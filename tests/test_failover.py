@@ -7,6 +7,7 @@ wraps the real ``RedisStorage.decide`` to count how often it is called.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -268,7 +269,7 @@ def test_breaker_probes_dead_redis_once_per_cooldown_and_logs_once(
     # ~1.5 s of 4 busy threads: the opening failure plus a probe at ~1 s (one more if slow).
     probes = spy.calls[THRESHOLD - 1 :]
     assert len(probes) <= 3, spy.calls
-    gaps = [later - earlier for earlier, later in zip(probes, probes[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(probes)]
     assert all(gap >= cooldown * 0.9 for gap in gaps), gaps
 
     records = [r for r in caplog.records if r.name == "flask_quota"]
