@@ -90,6 +90,9 @@ DOCS: dict[str, str] = {
     "QUOTA_REJECT_UNKNOWN_KEYS": "Answer 401 to an unknown, revoked or malformed API key "
     "instead of treating the caller as anonymous.",
     "QUOTA_BREAKER_COOLDOWN": "Seconds between probes of a failed storage.",
+    "QUOTA_BREAKER_THRESHOLD": "Storage failures in a row that open the circuit breaker "
+    "(calls that fail together count once); a failure before that applies the fail mode to "
+    "its own request only.",
     "QUOTA_DENY_CACHE": "Answer repeated denials in-process until their retry time (Redis "
     "backends), keeping a flood off Redis.",
     "QUOTA_DATABASE_URL": "SQLAlchemy URL of the quota tables; ``None``: a SQLite file in the "
