@@ -10,10 +10,13 @@ can ever hold is denied with the same finite answer everywhere.
 from __future__ import annotations
 
 from fractions import Fraction
+from importlib import resources
 from math import ceil
 
 import pytest
 from flask import Flask
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from flask_quota import Quota
 from flask_quota.algorithms import Algorithm, Outcome
@@ -211,3 +214,31 @@ def test_a_request_that_can_never_pass_gets_a_sane_429(
     assert response.headers["Retry-After"] == "60"
     body = response.get_json(force=True)
     assert (body["retry_after"], body["limit"], body["remaining"]) == (60, 10, 10)
+
+
+# -- the Lua twin's exact multiplication ---------------------------------------------
+
+MULDIV = (
+    resources.files("flask_quota.storage")
+    .joinpath("lua", "sliding_window_counter.lua")
+    .read_text("utf-8")
+    + "\nreturn {muldiv(tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))}"
+)
+
+
+@pytest.mark.redis
+@settings(max_examples=300, deadline=None)
+@given(
+    a=st.one_of(st.integers(0, 2**45), st.integers(0, 2**20)),
+    b=st.integers(0, MAX_WINDOW * S),
+    c=st.integers(1, MAX_WINDOW * S),
+)
+def test_lua_muldiv_is_exact_past_2_to_the_53(
+    redis_server: RedisServer, a: int, b: int, c: int
+) -> None:
+    """The sliding window counter's Lua ``muldiv(a, b, c)`` returns floor(a * b / c) and
+    the remainder exactly, as Python's integers do, for every count and window the caps
+    allow (and counts above the window, as a debt may leave)."""
+    assume(a * b // c < 2**53)  # a result Lua can hold at all
+    with redis_server.client() as client:
+        assert client.eval(MULDIV, 0, a, b, c) == list(divmod(a * b, c))

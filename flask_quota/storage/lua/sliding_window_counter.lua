@@ -3,7 +3,7 @@
 
 -- floor(a * b / c) and the remainder, exact for integers 0 <= a <= c < 2^52 and
 -- 0 <= b < 2^53, where a * b itself may pass 2^53 (doubles are exact below it).
-local function muldiv(a, b, c)
+local function muldiv_below(a, b, c)
   if a * b < 4503599627370496 then -- 2^52: the product and q * c are exact
     local q = math.floor(a * b / c)
     local r = a * b - q * c
@@ -24,6 +24,17 @@ local function muldiv(a, b, c)
     bit = bit / 2
   end
   return q, r
+end
+
+-- The same for any count a >= 0 (a request charged past the limit may leave a > c).
+local function muldiv(a, b, c)
+  if a <= c then return muldiv_below(a, b, c) end
+  local whole = math.floor(a / c)
+  local rest = a - whole * c
+  if rest < 0 then whole, rest = whole - 1, rest + c end
+  if rest >= c then whole, rest = whole + 1, rest - c end
+  local q, r = muldiv_below(rest, b, c)
+  return whole * b + q, r
 end
 
 local function sliding_window_counter(key, now, limit, window, capacity, cost)
