@@ -38,6 +38,7 @@ T = TypeVar("T")
 
 _DURATION_RE = re.compile(r"(?P<n>[+-]?\d{1,9})\s*(?P<unit>[smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_MAX_DURATION_DAYS = 3650
 
 
 class AdminError(ValueError):
@@ -93,13 +94,19 @@ class AuditInfo:
 
 
 def parse_duration(text: str) -> timedelta:
-    """``"30m"``, ``"12h"``, ``"7d"``, ``"2w"``: a positive span of time."""
+    """``"30m"``, ``"12h"``, ``"7d"``, ``"2w"``: a positive span of time, at most
+    3650 days (an expiry further out is a typo; leave it out to never expire)."""
     match = _DURATION_RE.fullmatch(text.strip().lower())
     if match is None:
         raise AdminError(f"malformed duration {text!r}: use e.g. 30m, 12h, 7d or 2w")
     seconds = int(match.group("n")) * _UNIT_SECONDS[match.group("unit")]
     if seconds <= 0:
         raise AdminError(f"duration {text!r} must be positive")
+    if seconds > _MAX_DURATION_DAYS * 86400:
+        raise AdminError(
+            f"duration {text!r} is longer than {_MAX_DURATION_DAYS} days (about 10 years); "
+            "leave the expiry out for an override that never expires"
+        )
     return timedelta(seconds=seconds)
 
 

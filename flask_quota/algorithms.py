@@ -90,6 +90,9 @@ def token_bucket(tat: int | None, now: int, rate: Rate, cost: int) -> Step:
     interval = rate.window_us // rate.limit
     tau = rate.capacity * interval
     base = now if tat is None or tat < now else tat
+    if cost > rate.capacity:  # never fits, however long the caller waits: say one window
+        remaining = (tau - (base - now)) // interval
+        return Step(Outcome(False, rate.capacity, remaining, base, rate.window_us), tat, 0)
     new_tat = base + cost * interval
     if new_tat - now <= tau:
         remaining = (tau - (new_tat - now)) // interval
@@ -137,7 +140,9 @@ def sliding_window_counter(
 ) -> Step:
     """Cloudflare's estimate: ``prev * (1 - elapsed/window) + cur``.
 
-    The state is ``(window_start, previous_count, current_count)``.
+    The state is ``(window_start, previous_count, current_count)``. The previous
+    window's weighted count is rounded up to a whole unit, in exact integers (the
+    Lua twin's ``muldiv`` computes the same where the product passes 2^53).
     """
     window = rate.window_us
     start = now - now % window
@@ -147,18 +152,16 @@ def sliding_window_counter(
             prev, cur = state[1], state[2]
         elif state[0] == start - window:
             prev = state[2]
-    elapsed = now - start
-    estimate = prev * (window - elapsed) / window + cur
-    if estimate + cost <= rate.limit:
+    weighted = -(-prev * (window - (now - start)) // window)
+    if weighted + cur + cost <= rate.limit:
         cur += cost
-        remaining = int(rate.limit - (prev * (window - elapsed) / window + cur))
         reset = start + 2 * window if cur > 0 else (start + window if prev > 0 else now)
         return Step(
-            Outcome(True, rate.limit, max(0, remaining), reset, 0),
+            Outcome(True, rate.limit, rate.limit - weighted - cur, reset, 0),
             (start, prev, cur),
             reset - now,
         )
-    remaining = max(0, int(rate.limit - estimate))
+    remaining = max(0, rate.limit - weighted - cur)
     retry = _counter_retry(start, prev, cur, now, rate, cost)
     reset = start + 2 * window if cur > 0 else (start + window if prev > 0 else now)
     return Step(

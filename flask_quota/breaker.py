@@ -6,14 +6,38 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-__all__ = ["CircuitBreaker"]
+__all__ = ["DEFAULT_THRESHOLD", "Attempt", "CircuitBreaker"]
 
 log = logging.getLogger("flask_quota")
 
+DEFAULT_THRESHOLD = 5
+"""Failures in a row that open the breaker (``QUOTA_BREAKER_THRESHOLD``'s default).
+
+A storage that hangs opens it after about five storage timeouts (0.5 s at the
+default 0.1 s), one that refuses connections after five quick failures; a stall
+shorter than about four timeouts never opens it.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """A call the breaker let through; hand it back to ``succeeded`` or ``failed``."""
+
+    round: int  # the failure count when the call began: one failure per round counts
+    probe: bool  # made while the breaker was open
+
 
 class CircuitBreaker:
-    """Closed: every call goes through. Open: one probe per ``cooldown`` seconds.
+    """Closed: every call goes through. It opens after ``threshold`` failures in a
+    row, and then lets one probe through per ``cooldown`` seconds until one succeeds.
+
+    Failures are counted in rounds: a failure counts only if its call began after
+    the previous counted failure. Calls that were in flight together and fail
+    together (one stall seen by every thread of a worker) are one failure, so the
+    threshold means "this many storage timeouts in a row", whatever the number
+    of threads. A success ends the run.
 
     State changes are logged once each, not once per request, and reported to
     ``on_change(error)`` when set: the error on opening, ``None`` on closing.
@@ -22,13 +46,24 @@ class CircuitBreaker:
     on_change: Callable[[BaseException | None], None] | None = None
 
     def __init__(
-        self, name: str, *, cooldown: float = 1.0, clock: Callable[[], float] = time.monotonic
+        self,
+        name: str,
+        *,
+        threshold: int = DEFAULT_THRESHOLD,
+        cooldown: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+            raise ValueError(f"the breaker threshold must be an int >= 1, not {threshold!r}")
         self.name = name
+        self.threshold = threshold
         self.cooldown = cooldown
         self._clock = clock
         self._lock = threading.Lock()
         self._open = False
+        self._failures = 0  # counted failures in a row
+        self._round = 0  # bumped by every counted failure and every run-ending success
+        self._attempt = Attempt(0, False)  # what a call gets while closed, in this round
         self._next_probe = 0.0
 
     @property
@@ -36,43 +71,72 @@ class CircuitBreaker:
         """True while the storage counts as down."""
         return self._open
 
-    def allow(self) -> bool:
+    def allow(self) -> Attempt | None:
         """May this caller use the storage? While open, only the one probe may."""
         if not self._open:
-            return True
+            return self._attempt  # the hot path: no lock, no allocation
         with self._lock:
             now = self._clock()
-            if self._open and now >= self._next_probe:
+            if not self._open:
+                return self._attempt
+            if now >= self._next_probe:
                 self._next_probe = now + self.cooldown
-                return True
-            return not self._open
+                return Attempt(self._round, True)
+            return None
 
     def succeeded(self) -> None:
-        if self._open:
-            with self._lock:
-                if not self._open:
-                    return
-                self._open = False
-                log.warning("flask-quota: %s storage recovered; limits apply again", self.name)
-            if self.on_change is not None:
-                self.on_change(None)
-
-    def failed(self, error: BaseException, fail_mode: str) -> None:
+        """A call worked: the run of failures ends, and an open breaker closes."""
+        if not (self._failures or self._open):
+            return
         with self._lock:
+            self._failures = 0
+            self._next_round()
+            if not self._open:
+                return
+            self._open = False
+        log.warning("flask-quota: %s storage recovered; limits apply again", self.name)
+        if self.on_change is not None:
+            self.on_change(None)
+
+    def failed(self, attempt: Attempt, error: BaseException, fail_mode: str) -> None:
+        """Count a failure of ``attempt``; open the breaker at ``threshold`` in a row."""
+        with self._lock:
+            if self._open:
+                self._next_probe = self._clock() + self.cooldown
+                return
+            if attempt.round != self._round:
+                return  # a failure was counted, or a success seen, since this call began
+            self._failures += 1
+            self._next_round()
+            if self._failures < self.threshold:
+                log.debug(
+                    "flask-quota: %s storage call failed (%s), %d of %d before the breaker opens",
+                    self.name, error, self._failures, self.threshold,
+                )  # fmt: skip
+                return
+            self._open = True
             self._next_probe = self._clock() + self.cooldown
-            opened = not self._open
-            if opened:
-                self._open = True
-                log.error(
-                    "flask-quota: %s storage failed (%s); fail mode %r until it recovers, "
-                    "probing every %.1f s",
-                    self.name,
-                    error,
-                    fail_mode,
-                    self.cooldown,
-                )
-        if opened and self.on_change is not None:
+        self._opened(error, fail_mode)
+
+    def _opened(self, error: BaseException, fail_mode: str) -> None:
+        log.error(
+            "flask-quota: %s storage failed %d times in a row (last: %s); fail mode %r until "
+            "it recovers, probing every %.1f s",
+            self.name,
+            self.threshold,
+            error,
+            fail_mode,
+            self.cooldown,
+        )
+        if self.on_change is not None:
             self.on_change(error)
 
+    def _next_round(self) -> None:
+        self._round += 1
+        self._attempt = Attempt(self._round, False)
+
     def seconds_to_probe(self) -> float:
+        """Seconds until the next probe; 0 while closed."""
+        if not self._open:
+            return 0.0
         return max(0.0, self._next_probe - self._clock())

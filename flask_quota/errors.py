@@ -57,18 +57,29 @@ class QuotaExceeded(_Problem, TooManyRequests):
 
     The decision is on the exception: ``tier``, ``resource``, ``plan``, ``limit``,
     ``window``, ``remaining``, ``retry_after``, ``reset`` and ``upgrade``.
+    ``cost`` is the request's cost on the endpoint tier: one above the limit's
+    capacity can never pass, and the detail says so.
     """
 
-    def __init__(self, decision: Decision, *, upgrade: str | None = None) -> None:
+    def __init__(self, decision: Decision, *, upgrade: str | None = None, cost: int = 1) -> None:
         denied = decision.denied
         if denied is None:
             raise ValueError("QuotaExceeded needs a decision in which a tier denied")
         outcome = denied.outcome
         what = _TIER_WORDS.get(denied.tier) or f"Endpoint limit {denied.name!r}"
         window = denied.rate.policy_window
-        super().__init__(
-            f"{what} exceeded: {outcome.limit} requests per {window} s on plan {decision.plan!r}."
-        )
+        if denied.tier is Tier.ENDPOINT and cost > outcome.limit:
+            # Retry-After is one window (the algorithms say so): waiting will not help.
+            detail = (
+                f"{what}: this request's cost {cost} exceeds the limit's capacity "
+                f"{outcome.limit}; it can never pass."
+            )
+        else:
+            detail = (
+                f"{what} exceeded: {outcome.limit} requests per {window} s "
+                f"on plan {decision.plan!r}."
+            )
+        super().__init__(detail)
         # Set after super().__init__, which would reset ``retry_after``.
         self.decision = decision
         self.tier: str = denied.tier  # a Tier, or "blocked" (CallerBlocked)

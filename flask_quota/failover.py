@@ -22,7 +22,20 @@ class GuardedStorage:
     """Calls the storage while it works; otherwise applies the fail mode.
 
     ``open`` lets requests through unlimited, ``closed`` refuses them with 503,
-    ``local`` limits them with an in-process memory store (per worker).
+    ``local`` limits them with an in-process memory store (per worker). The fail
+    mode applies to a request whose storage call failed and to every request
+    while the breaker is open.
+
+    In ``local`` mode no request is counted twice while the breaker is closed. A
+    call that failed (a timeout, say) may still have been counted by the storage,
+    so its request is checked against the local limiter without being charged
+    there. Requests that never reach the storage (breaker open) are charged
+    locally, and so is a failed probe, so that a worker whose every request is
+    a probe still limits. The one double count left: a failed probe that did
+    run on the storage, at most one request per worker per breaker cooldown, and
+    only while the breaker is open. The other way round, a failed call that never
+    reached the storage is counted nowhere: at most ``threshold`` rounds of them
+    (one per worker thread each) per worker as an outage begins.
     """
 
     def __init__(self, storage: Storage, mode: FailMode, breaker: CircuitBreaker) -> None:
@@ -38,16 +51,21 @@ class GuardedStorage:
 
     def decide(self, checks: Sequence[Check]) -> Verdict | None:
         """The verdict, or ``None`` for "fail open: no limit applies"."""
-        if self.breaker.allow():
+        attempt = self.breaker.allow()
+        charge_locally = True
+        if attempt is not None:
             try:
                 verdict = self.storage.decide(checks)
             except StorageError as exc:
-                self.breaker.failed(exc, self.mode.value)
+                self.breaker.failed(attempt, exc, self.mode.value)
+                charge_locally = attempt.probe
             else:
                 self.breaker.succeeded()
                 return verdict
         if self.fallback is not None:
-            return self.fallback.decide(checks)
+            if charge_locally:
+                return self.fallback.decide(checks)
+            return self.fallback.peek(checks)
         if self.mode is FailMode.CLOSED:
             raise QuotaUnavailable(math.ceil(self.breaker.seconds_to_probe()))
         return None
@@ -64,15 +82,18 @@ class GuardedStorage:
         """Run a correction after the response, through the breaker like ``decide``.
 
         While the breaker is open the decision came from the fallback, so the
-        correction goes there too (or nowhere, failing open or closed). A failed
+        correction goes there too (or nowhere, failing open or closed). A request
+        checked locally after its own call failed (breaker still closed) has its
+        correction sent to the storage, where that call may have charged it. A failed
         correction cannot refuse a response already made: it is lost, and logged
         once by the breaker (a lost refund only under-admits).
         """
-        if self.breaker.allow():
+        attempt = self.breaker.allow()
+        if attempt is not None:
             try:
                 call(self.storage)
             except StorageError as exc:
-                self.breaker.failed(exc, self.mode.value)
+                self.breaker.failed(attempt, exc, self.mode.value)
                 log.debug("flask-quota: %s lost: %s", what, exc)
             else:
                 self.breaker.succeeded()
@@ -87,12 +108,13 @@ class GuardedStorage:
         towards the breaker, but the fail mode does not apply: the request
         already has its answer.
         """
-        if not self.breaker.allow():
+        attempt = self.breaker.allow()
+        if attempt is None:
             return None
         try:
             result = call()
         except StorageError as exc:
-            self.breaker.failed(exc, self.mode.value)
+            self.breaker.failed(attempt, exc, self.mode.value)
             return None
         self.breaker.succeeded()
         return result

@@ -7,7 +7,18 @@ from dataclasses import dataclass
 
 from .clock import US
 
-__all__ = ["MAX_RATES", "Rate", "Rates", "parse_rate", "parse_rates"]
+__all__ = ["MAX_LIMIT", "MAX_RATES", "MAX_WINDOW", "Rate", "Rates", "parse_rate", "parse_rates"]
+
+# Redis decides in Lua, whose numbers are doubles: integers are exact below 2^53.
+# Microsecond times near now (~2^50.6) plus two windows, or plus a bucket's refill
+# time, stay below 2^53 until the year 2255 with these caps; counts stay far below
+# it. (The sliding window counter's products, e.g. prev x elapsed, can pass 2^53
+# even so: its Lua twin multiplies them exactly, see ``muldiv``.)
+MAX_WINDOW = 366 * 86400
+"""The longest window, in seconds (366 days); also the longest refill of a full bucket."""
+MAX_LIMIT = 10**12
+"""The largest limit and the largest burst."""
+_CAPS = f"windows and refills up to 366 days ({MAX_WINDOW} s), limits and bursts up to {MAX_LIMIT}"
 
 _UNITS = {
     "s": 1, "sec": 1, "second": 1,
@@ -18,9 +29,9 @@ _UNITS = {
 _UNIT_NAMES = {1: "second", 60: "minute", 3600: "hour", 86400: "day"}
 
 _RATE_RE = re.compile(
-    r"""^\s*(?P<limit>\d{1,12})\s*(?:/|\s+per\s+)\s*
-        (?:(?P<mult>\d{1,9})\s*)?(?P<unit>[a-z]{1,10})\s*
-        (?:;\s*burst\s*=\s*(?P<burst>\d{1,12})\s*)?$""",
+    r"""^\s*(?P<limit>\d{1,18})\s*(?:/|\s+per\s+)\s*
+        (?:(?P<mult>\d{1,18})\s*)?(?P<unit>[a-z]{1,10})\s*
+        (?:;\s*burst\s*=\s*(?P<burst>\d{1,18})\s*)?$""",
     re.IGNORECASE | re.VERBOSE | re.ASCII,
 )
 
@@ -43,9 +54,18 @@ class Rate:
     def __post_init__(self) -> None:
         if self.limit <= 0 or self.window <= 0 or (self.burst is not None and self.burst <= 0):
             raise ValueError(f"rate {self!s} must have a positive limit, window and burst")
+        if self.window > MAX_WINDOW:
+            raise ValueError(f"rate {self!s} has a window longer than 366 days; allowed: {_CAPS}")
+        if self.limit > MAX_LIMIT or (self.burst is not None and self.burst > MAX_LIMIT):
+            raise ValueError(f"rate {self!s} counts beyond {MAX_LIMIT}; allowed: {_CAPS}")
         if self.window_us // self.limit < 1:
             # Algorithms work in whole microseconds; one unit per microsecond is the ceiling.
             raise ValueError(f"rate {self!s} is faster than one request per microsecond")
+        if self.capacity * (self.window_us // self.limit) > MAX_WINDOW * US:
+            raise ValueError(
+                f"rate {self!s} would take longer than 366 days to refill a full bucket "
+                f"(lower the burst or raise the rate); allowed: {_CAPS}"
+            )
 
     @property
     def window_us(self) -> int:

@@ -13,6 +13,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from .algorithms import Algorithm
+from .breaker import DEFAULT_THRESHOLD
 from .plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
 from .rates import ACCEPTED, Rate, parse_rate
 
@@ -54,6 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_UPGRADE_URL": "/pricing",
     "QUOTA_REJECT_UNKNOWN_KEYS": False,
     "QUOTA_BREAKER_COOLDOWN": 1.0,
+    "QUOTA_BREAKER_THRESHOLD": DEFAULT_THRESHOLD,  # storage failures in a row that open it
     "QUOTA_DENY_CACHE": True,  # remember Redis denials in-process until their retry time
     "QUOTA_DATABASE_URL": None,  # None: SQLite file in the instance folder (or Quota(db=))
     "QUOTA_SYNC_INTERVAL": 0.5,  # seconds between checks for plan/client changes in SQL
@@ -88,6 +90,9 @@ DOCS: dict[str, str] = {
     "QUOTA_REJECT_UNKNOWN_KEYS": "Answer 401 to an unknown, revoked or malformed API key "
     "instead of treating the caller as anonymous.",
     "QUOTA_BREAKER_COOLDOWN": "Seconds between probes of a failed storage.",
+    "QUOTA_BREAKER_THRESHOLD": "Storage failures in a row that open the circuit breaker "
+    "(calls that fail together count once); a failure before that applies the fail mode to "
+    "its own request only.",
     "QUOTA_DENY_CACHE": "Answer repeated denials in-process until their retry time (Redis "
     "backends), keeping a flood off Redis.",
     "QUOTA_DATABASE_URL": "SQLAlchemy URL of the quota tables; ``None``: a SQLite file in the "
@@ -146,6 +151,7 @@ class Settings:
     upgrade_url: str
     reject_unknown_keys: bool
     breaker_cooldown: float
+    breaker_threshold: int
     deny_cache: bool
     database_url: str | None
     sync_interval: float
@@ -184,6 +190,7 @@ class Settings:
             upgrade_url=upgrade_url,
             reject_unknown_keys=_flag(get, "QUOTA_REJECT_UNKNOWN_KEYS"),
             breaker_cooldown=_positive(get, "QUOTA_BREAKER_COOLDOWN"),
+            breaker_threshold=_failures(get, "QUOTA_BREAKER_THRESHOLD"),
             deny_cache=_flag(get, "QUOTA_DENY_CACHE"),
             database_url=_database_url(get, "QUOTA_DATABASE_URL"),
             sync_interval=_positive(get, "QUOTA_SYNC_INTERVAL"),
@@ -283,6 +290,24 @@ def _whole_seconds(get: dict[str, Any], key: str) -> int:
     if isinstance(value, bool) or not text.isdigit() or int(text) <= 0:
         raise ValueError(f"{key}={value!r} must be a whole number of seconds above 0, e.g. 600")
     return int(text)
+
+
+def _failures(get: dict[str, Any], key: str) -> int:
+    """A whole number of failures, at least 1 (an int, or digits from the environment)."""
+    value = get[key]
+    text = value.strip() if isinstance(value, str) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif text is not None and text.isascii() and text.isdigit() and len(text) <= 9:
+        number = int(text)
+    else:
+        number = 0
+    if number < 1:
+        raise ValueError(
+            f"{key}={value!r} must be a whole number of storage failures in a row, at least 1 "
+            "(1 opens the circuit breaker on the first failure)"
+        )
+    return number
 
 
 def _database_url(get: dict[str, Any], key: str) -> str | None:

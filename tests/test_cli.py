@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,20 @@ def test_overrides_add_list_and_remove(app: Flask) -> None:
     assert [action for _, action, _ in audit(app)][-2:] == ["override.set", "override.remove"]
 
 
+def test_override_expiry_may_be_up_to_3650_days(app: Flask) -> None:
+    """--expires takes up to 3650 days (520w is fine); the override ends that far out."""
+    client_id, _ = create(app, "acme", "free")
+    for lifetime, days in (("3650d", 3650), ("520w", 3640)):
+        result = run(
+            app, "overrides", "add", str(client_id), "user", "9/hour", "--expires", lifetime
+        )
+        assert result.exit_code == 0, result.output
+        [info] = QuotaAdmin(store(app), actor="test").overrides(str(client_id))
+        assert info.expires_at is not None
+        left = info.expires_at - datetime.now(UTC).replace(tzinfo=info.expires_at.tzinfo)
+        assert timedelta(days=days - 1) < left <= timedelta(days=days)
+
+
 def test_the_actor_defaults_to_the_user_running_the_command(
     app: Flask, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -176,6 +191,9 @@ def test_plans_set_takes_several_rates(app: Flask) -> None:
         (["clients", "set-plan", "1", "gold"], "unknown plan 'gold'"),
         (["overrides", "add", "1", "user", "5/hour", "--expires", "-7d"], "must be positive"),
         (["overrides", "add", "1", "user", "5/hour", "--expires", "soon"], "malformed duration"),
+        (["overrides", "add", "1", "user", "5/hour", "--expires", "999999999w"], "3650 days"),
+        (["overrides", "add", "1", "user", "5/hour", "--expires", "3651d"], "3650 days"),
+        (["overrides", "add", "1", "user", "5/hour", "--expires", "9999999999s"], "malformed"),
         (["overrides", "add", "-1", "user", "5/hour"], "positive integer"),
         (["overrides", "add", "1", "user", "0/hour"], "rate"),
         (["overrides", "remove", "0"], "positive integer"),

@@ -7,10 +7,12 @@ wraps the real ``RedisStorage.decide`` to count how often it is called.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 from flask import Flask
@@ -18,7 +20,11 @@ from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
 from flask_quota import Quota
-from flask_quota.storage import Check, Verdict
+from flask_quota.algorithms import Algorithm
+from flask_quota.breaker import DEFAULT_THRESHOLD
+from flask_quota.rates import parse_rate
+from flask_quota.storage import Check, Storage, Verdict
+from flask_quota.storage.redis import RedisStorage
 from tests.servers import RedisServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -27,6 +33,7 @@ TIMEOUT = 0.2  # QUOTA_STORAGE_TIMEOUT of every app here
 MAX_LATENCY = 1.0  # no request may take longer while Redis is down or hung
 RECOVERY = 5.0  # seconds within which limits must apply again after a restart
 LIMIT = 3
+THRESHOLD = DEFAULT_THRESHOLD  # QUOTA_BREAKER_THRESHOLD: failures in a row that open the breaker
 RATE_HEADERS = (
     "X-RateLimit-Limit",
     "X-RateLimit-Remaining",
@@ -146,16 +153,22 @@ def test_fail_closed_refuses_with_503_problem_while_redis_is_dead(
 def test_fail_local_keeps_limiting_in_process_while_redis_is_dead(
     app: Flask, own_redis: RedisServer
 ) -> None:
-    """Fail-local: an in-process limiter enforces the limit while Redis is dead; Redis after."""
+    """Fail-local: an in-process limiter enforces the limit while Redis is dead; Redis after.
+
+    The failed calls before the breaker opens are checked locally but not charged
+    (a failed call may have counted on Redis): the local limit starts with the
+    breaker open."""
     client = quota_app(app, own_redis, "local")
     assert client.get("/ping").status_code == 200
 
     own_redis.kill()
-    timed = [timed_get(client) for _ in range(LIMIT + 3)]
-    assert [r.status_code for r, _ in timed] == [200] * LIMIT + [429] * 3
+    timed = [timed_get(client) for _ in range(THRESHOLD + LIMIT + 3)]
+    assert [r.status_code for r, _ in timed] == [200] * (THRESHOLD + LIMIT) + [429] * 3
     assert all(elapsed < MAX_LATENCY for _, elapsed in timed)
     assert timed[0][0].headers["X-RateLimit-Limit"] == str(LIMIT)
-    denied = timed[LIMIT][0]
+    checked_only = {r.headers["X-RateLimit-Remaining"] for r, _ in timed[:THRESHOLD]}
+    assert checked_only == {str(LIMIT - 1)}  # checked against the local limit, not charged
+    denied = timed[THRESHOLD + LIMIT][0]
     assert_problem(denied, 429)
     assert denied.get_json(force=True)["tier"] == "user"
 
@@ -186,14 +199,15 @@ def test_hung_redis_costs_a_request_at_most_the_storage_timeout(
     assert max(latencies) < MAX_LATENCY, latencies
     # The test is only meaningful if the pause did stall a call until the timeout.
     assert max(latencies) >= TIMEOUT * 0.75, latencies
-    assert len(timed) > LIMIT + 1
+    assert len(timed) > THRESHOLD + LIMIT + 1
     if mode == "open":
         assert set(statuses) == {200}
     elif mode == "closed":
         assert set(statuses) == {503}
-    else:  # one request was already counted on Redis; the local limiter starts afresh
-        assert statuses[: LIMIT + 1] == [200] * LIMIT + [429]
-        assert set(statuses[LIMIT:]) == {429}
+    else:  # the local limiter starts afresh once THRESHOLD timeouts have opened the breaker
+        opened = THRESHOLD + LIMIT
+        assert statuses[: opened + 1] == [200] * opened + [429]
+        assert set(statuses[opened:]) == {429}
 
 
 class CountingDecide:
@@ -216,7 +230,8 @@ def test_breaker_probes_dead_redis_once_per_cooldown_and_logs_once(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """While Redis is dead the breaker calls it ~once per cooldown and logs each change once."""
+    """The breaker opens after THRESHOLD failures in a row, then calls the dead Redis
+    ~once per cooldown, and logs each change once."""
     caplog.set_level(logging.INFO, logger="flask_quota")
     client = quota_app(app, own_redis, "open")
     state = app.extensions["quota"]
@@ -226,8 +241,13 @@ def test_breaker_probes_dead_redis_once_per_cooldown_and_logs_once(
     assert cooldown == 1.0  # QUOTA_BREAKER_COOLDOWN's default
 
     own_redis.kill()
+    for _ in range(THRESHOLD - 1):
+        assert client.get("/ping").status_code == 200
+    assert not state.guard.degraded  # not yet: a blip is not an outage
+    assert not [r for r in caplog.records if r.name == "flask_quota"]
     assert client.get("/ping").status_code == 200  # the failure that opens the breaker
-    assert len(spy.calls) == 1
+    assert state.guard.degraded
+    assert len(spy.calls) == THRESHOLD
     statuses: list[int] = []
     start = time.monotonic()
 
@@ -247,8 +267,9 @@ def test_breaker_probes_dead_redis_once_per_cooldown_and_logs_once(
 
     assert len(statuses) >= 100 and set(statuses) == {200}
     # ~1.5 s of 4 busy threads: the opening failure plus a probe at ~1 s (one more if slow).
-    assert len(spy.calls) <= 3, spy.calls
-    gaps = [later - earlier for earlier, later in zip(spy.calls, spy.calls[1:], strict=False)]
+    probes = spy.calls[THRESHOLD - 1 :]
+    assert len(probes) <= 3, spy.calls
+    gaps = [later - earlier for earlier, later in itertools.pairwise(probes)]
     assert all(gap >= cooldown * 0.9 for gap in gaps), gaps
 
     records = [r for r in caplog.records if r.name == "flask_quota"]
@@ -260,3 +281,54 @@ def test_breaker_probes_dead_redis_once_per_cooldown_and_logs_once(
     records = [r for r in caplog.records if r.name == "flask_quota"]
     assert [r.levelno for r in records] == [logging.ERROR, logging.WARNING]
     assert "recovered" in records[1].getMessage()
+
+
+def used(storage: Storage, key: bytes) -> int:
+    """Units ``storage`` has counted on the token bucket ``key`` (LIMIT per minute)."""
+    check = Check(key.decode(), Algorithm.TOKEN_BUCKET, parse_rate(f"{LIMIT}/minute"), 0)
+    return LIMIT - storage.peek([check]).outcomes[0].remaining
+
+
+def test_fail_local_never_counts_a_timed_out_request_twice(app: Flask, tmp_path: Path) -> None:
+    """A call that timed out may still run on Redis once it wakes up: its request is
+    checked against the local limiter but not charged there, so Redis and the local
+    limiter together count every request exactly once."""
+    server = RedisServer(tmp_path / "redis", None, "--enable-debug-command", "local")
+    try:
+        client = quota_app(app, server, "local")
+        state = app.extensions["quota"]
+        assert client.get("/ping").status_code == 200
+        [key] = redis_keys(server)
+
+        def sleep() -> None:
+            with server.client() as admin:
+                admin.execute_command("DEBUG", "SLEEP", "0.8")
+
+        hang = threading.Thread(target=sleep)
+        hang.start()
+        time.sleep(0.1)  # Redis is asleep: the next call times out, its command queued
+        response, elapsed = timed_get(client)
+        hang.join(timeout=10)
+        assert response.status_code == 200
+        assert TIMEOUT * 0.75 <= elapsed < MAX_LATENCY  # it did wait for the timeout
+
+        redis_used = used(RedisStorage(server.client()), key)
+        assert redis_used == 2, "the timed-out call should have run once Redis woke up"
+        assert redis_used + used(state.guard.fallback, key) == 2  # two requests, two units
+    finally:
+        server.stop()
+
+
+def test_fail_local_charges_failed_probes(app: Flask, own_redis: RedisServer) -> None:
+    """With the breaker open, a worker whose every request is a probe (one request per
+    cooldown) is still limited locally: a failed probe is charged there."""
+    client = quota_app(app, own_redis, "local", QUOTA_BREAKER_COOLDOWN=0.05)
+    own_redis.kill()
+    for _ in range(THRESHOLD):  # open the breaker
+        assert client.get("/ping").status_code == 200
+    assert app.extensions["quota"].guard.degraded
+    statuses = []
+    for _ in range(LIMIT + 2):
+        time.sleep(0.1)  # past the cooldown: this request is the probe
+        statuses.append(client.get("/ping").status_code)
+    assert statuses == [200] * LIMIT + [429] * 2

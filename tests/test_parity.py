@@ -16,7 +16,7 @@ from flask.testing import FlaskClient
 
 from flask_quota import Quota, QuotaExceeded, signals, validators
 from flask_quota.algorithms import Algorithm
-from flask_quota.breaker import CircuitBreaker
+from flask_quota.breaker import DEFAULT_THRESHOLD, CircuitBreaker
 from flask_quota.failover import GuardedStorage
 from flask_quota.policy import Decision
 from flask_quota.rates import parse_rate, parse_rates
@@ -102,14 +102,16 @@ def test_simultaneous_failures_cannot_slip_past(app: Flask, storage: Storage) ->
 
 
 def test_lost_refund_opens_the_breaker_not_the_response(app: Flask) -> None:
-    """A refund that cannot reach the storage is lost: the breaker opens, and
-    ``storage_failed`` is sent once; nothing is raised into the response."""
+    """Refunds that cannot reach the storage are lost: at the breaker's threshold of
+    failures in a row it opens, and ``storage_failed`` is sent once; nothing is
+    raised into the response."""
     dead = RedisStorage.from_url("redis://127.0.0.1:1/0", timeout=0.2)
     guard = GuardedStorage(dead, FailMode.OPEN, CircuitBreaker("redis", cooldown=60))
     errors: list[BaseException | None] = []
     guard.breaker.on_change = errors.append
     check = Check("quota:{id=a}:e:GET:x:tb", Algorithm.TOKEN_BUCKET, parse_rate("3/minute"), 1)
-    guard.refund([check], 1)
+    for _ in range(DEFAULT_THRESHOLD):
+        guard.refund([check], 1)  # lost; the last of these opens the breaker
     guard.refund([check], 1)  # the breaker is open: not even tried
     assert guard.degraded
     assert len(errors) == 1 and errors[0] is not None

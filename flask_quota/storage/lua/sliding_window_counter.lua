@@ -1,5 +1,42 @@
 -- Weighted previous + current window counts, stored as "start:prev:cur".
 -- Mirrors flask_quota.algorithms.sliding_window_counter.
+
+-- floor(a * b / c) and the remainder, exact for integers 0 <= a <= c < 2^52 and
+-- 0 <= b < 2^53, where a * b itself may pass 2^53 (doubles are exact below it).
+local function muldiv_below(a, b, c)
+  if a * b < 4503599627370496 then -- 2^52: the product and q * c are exact
+    local q = math.floor(a * b / c)
+    local r = a * b - q * c
+    if r < 0 then return q - 1, r + c end
+    if r >= c then return q + 1, r - c end
+    return q, r
+  end
+  -- Long multiplication, one bit of b at a time: the remainder stays below 2c.
+  local q, r, bit = 0, 0, 1
+  while bit * 2 <= b do bit = bit * 2 end
+  while bit >= 1 do
+    q, r = q * 2, r * 2
+    if r >= c then q, r = q + 1, r - c end
+    if b >= bit then
+      b, r = b - bit, r + a
+      if r >= c then q, r = q + 1, r - c end
+    end
+    bit = bit / 2
+  end
+  return q, r
+end
+
+-- The same for any count a >= 0 (a request charged past the limit may leave a > c).
+local function muldiv(a, b, c)
+  if a <= c then return muldiv_below(a, b, c) end
+  local whole = math.floor(a / c)
+  local rest = a - whole * c
+  if rest < 0 then whole, rest = whole - 1, rest + c end
+  if rest >= c then whole, rest = whole + 1, rest - c end
+  local q, r = muldiv_below(rest, b, c)
+  return whole * b + q, r
+end
+
 local function sliding_window_counter(key, now, limit, window, capacity, cost)
   local start = now - now % window
   local prev, cur = 0, 0
@@ -13,28 +50,28 @@ local function sliding_window_counter(key, now, limit, window, capacity, cost)
       prev = tonumber(c)
     end
   end
-  local elapsed = now - start
-  local estimate = prev * (window - elapsed) / window + cur
+  -- The previous window's count, weighted by what is left of it, rounded up.
+  local weighted, rest = muldiv(prev, window - (now - start), window)
+  if rest > 0 then weighted = weighted + 1 end
   local function reset_at(c)
     if c > 0 then return start + 2 * window end
     if prev > 0 then return start + window end
     return now
   end
-  if estimate + cost <= limit then
+  if weighted + cur + cost <= limit then
     local new_cur = cur + cost
-    local remaining = math.max(0, math.floor(limit - (prev * (window - elapsed) / window + new_cur)))
     local reset = reset_at(new_cur)
     local value = fmt(start) .. ':' .. fmt(prev) .. ':' .. fmt(new_cur)
-    return {1, remaining, reset, 0, function() put(key, value, reset - now) end}
+    return {1, limit - weighted - new_cur, reset, 0, function() put(key, value, reset - now) end}
   end
   local retry
   local need = limit - cur - cost
   if need >= 0 then
-    retry = math.max(1, start + window - math.floor(need * window / prev) - now)
+    retry = math.max(1, start + window - muldiv(need, window, prev) - now)
   elseif limit - cost < 0 then
     retry = window
   else
-    retry = math.max(1, start + 2 * window - math.floor((limit - cost) * window / cur) - now)
+    retry = math.max(1, start + 2 * window - muldiv(limit - cost, window, cur) - now)
   end
-  return {0, math.max(0, math.floor(limit - estimate)), reset_at(cur), retry}
+  return {0, math.max(0, limit - weighted - cur), reset_at(cur), retry}
 end

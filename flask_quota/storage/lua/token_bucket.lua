@@ -6,6 +6,9 @@ local function token_bucket(key, now, limit, window, capacity, cost)
   local tat = tonumber(redis.call('GET', key))
   local base = now
   if tat ~= nil and tat > now then base = tat end
+  if cost > capacity then -- never fits, however long the caller waits: say one window
+    return {0, math.floor((tau - (base - now)) / interval), base, window}
+  end
   local new_tat = base + cost * interval
   if new_tat - now <= tau then
     local remaining = math.floor((tau - (new_tat - now)) / interval)
