@@ -100,7 +100,11 @@ class Quota:
         storage = self._storage
         if storage is None:
             storage = storage_from_url(settings.storage_url, timeout=settings.storage_timeout)
-        breaker = CircuitBreaker(storage.name, cooldown=settings.breaker_cooldown)
+        breaker = CircuitBreaker(
+            storage.name,
+            cooldown=settings.breaker_cooldown,
+            threshold=settings.breaker_threshold,
+        )
         breaker.on_change = _storage_signals(app)
         # Plans, API keys and overrides come from SQL: the host's `db`, or our own
         # engine for QUOTA_DATABASE_URL (a SQLite file in the instance folder by default).
@@ -374,7 +378,7 @@ class Quota:
                     raise CallerBlocked(decision, blocked)
             resource_name = denied.resource if denied.resource == resource else None
             upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
-            raise QuotaExceeded(decision, upgrade=upgrade)
+            raise QuotaExceeded(decision, upgrade=upgrade, cost=cost)
         if spec is not None:  # for charge_when and quota.charge, after the response
             scope._quota_spec = spec
             scope._quota_checks = checks

@@ -211,11 +211,6 @@ def test_threshold_setting_accepts_ints_and_digit_strings(value: object, expecte
     assert Settings.from_config(config).breaker_threshold == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the hook in flask_quota/extension.py: "
-    "CircuitBreaker(..., threshold=settings.breaker_threshold)",
-)
 def test_threshold_setting_reaches_the_breaker(app: Flask) -> None:
     """QUOTA_BREAKER_THRESHOLD is the threshold of the app's circuit breaker."""
     app.config["QUOTA_BREAKER_THRESHOLD"] = 2

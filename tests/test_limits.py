@@ -274,10 +274,6 @@ def test_the_429_explains_a_cost_that_can_never_pass(backend: Backend, cost: int
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the hook in flask_quota/extension.py: QuotaExceeded(..., cost=cost)",
-)
 def test_an_app_explains_a_cost_that_can_never_pass(app: Flask) -> None:
     """Through the app: a view costing 25 under '10/minute' answers the explaining 429."""
     quota = Quota(app)
