@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import unquote
 
@@ -162,6 +162,7 @@ def overview(app: Flask, state: QuotaState) -> dict[str, Any]:
         "series": series(minutes),
         "top": top,
         "storage": storage_health(state),
+        "sql": asdict(state.sql.health()) if state.sql is not None else None,  # SyncHealth
     }
 
 

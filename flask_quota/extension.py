@@ -24,7 +24,7 @@ from .plans import PlanCatalog
 from .policy import Decision, LimitSpec, Policy
 from .rates import Rate, parse_rate
 from .settings import DEFAULTS, Settings
-from .sql_store import SqlStore
+from .sql_store import KeysUnavailable, SqlStore
 from .storage import Storage, storage_from_url
 from .usage import UsageRecorder, usage_sink
 
@@ -156,6 +156,7 @@ class Quota:
             usage=usage,
             sql=sql,
         )
+        sql.autostart(app, needed=settings.dashboard_url is not None)
         app.before_request(self._before_request)
         app.after_request(self._after_request)
         if settings.dashboard_url is not None:
@@ -309,7 +310,10 @@ class Quota:
         if key is None:
             return None
         if plausible_api_key(key) and self._api_key_loader is not None:
-            identity = self._api_key_loader(key)
+            try:
+                identity = self._api_key_loader(key)
+            except KeysUnavailable:
+                return None  # cannot be checked yet: anonymous, never 401 (logged by the store)
             if identity is not None:
                 return identity
         if settings.reject_unknown_keys:
