@@ -319,7 +319,7 @@ def reset(identity: str | None, ip: str | None, actor: str) -> None:
     checks = _buckets(identity, ip, None)
     _warn_if_memory()
     keys = [c.check.key for c in checks]
-    _state().storage.clear(keys)
     target = f"identity:{identity}" if identity is not None else f"ip:{ip}"
-    admin.record("usage.reset", target, None, {"ip": ip, "buckets": len(keys)})
+    with admin.audited("usage.reset", target, None, {"ip": ip, "buckets": len(keys)}):
+        _state().storage.clear(keys)  # audited first: no reset goes unrecorded
     click.echo(f"reset {len(keys)} buckets of {target}")
