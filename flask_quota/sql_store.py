@@ -191,6 +191,7 @@ class SqlStore:
         self._lock = threading.Lock()  # guards the engine
         self._start_lock = threading.Lock()  # one sync per process
         self._swap_lock = threading.Lock()  # never replace a snapshot with an older one
+        self._ready_lock = threading.Lock()  # one table setup at a time in this process
         if db is not None:
             # The host's `db.create_all()` and `flask db migrate` then include our tables.
             for table in metadata.sorted_tables:
@@ -408,9 +409,20 @@ class SqlStore:
         Many workers may start at once on a fresh database: PostgreSQL serialises
         them with an advisory lock; on SQLite a loser retries after the winner. A
         slow failure is no such race (the database is down): it is not retried.
+        Within a process, callers (the sync, the CLI, the dashboard) take turns,
+        but none waits long behind one stuck on a hung database.
         """
         if self._ready:
             return
+        locked = self._ready_lock.acquire(timeout=2 * CONNECT_TIMEOUT)
+        try:
+            if not self._ready:
+                self._create_and_seed()
+        finally:
+            if locked:
+                self._ready_lock.release()
+
+    def _create_and_seed(self) -> None:
         began = time.monotonic()
         for attempt in range(5):
             try:
@@ -454,6 +466,7 @@ class SqlStore:
         The version is read first: a change committed meanwhile has a newer
         version, so the next poll reloads again and nothing is missed.
         """
+        self.ensure_ready()
         with Session(self.engine) as session:
             version = session.scalar(select(QuotaMeta.version).where(QuotaMeta.id == 1)) or 0
             records = session.scalars(
@@ -502,6 +515,7 @@ class SqlStore:
 
     def version(self) -> int:
         """The version number every change bumps."""
+        self.ensure_ready()
         with self.engine.connect() as conn:
             return conn.scalar(select(QuotaMeta.version).where(QuotaMeta.id == 1)) or 0
 
@@ -586,6 +600,7 @@ class SqlStore:
         self._lock = threading.Lock()
         self._start_lock = threading.Lock()
         self._swap_lock = threading.Lock()
+        self._ready_lock = threading.Lock()
         self._sync = None
         self._current = None
         if self.owns_engine and self._engine is not None:
