@@ -22,9 +22,11 @@ When the sync starts (``autostart``, called by ``init_app``):
 A database in trouble never reaches requests. Every call of our own engine is
 bounded (connect, statement and pool timeouts, TCP keepalives). The sync runs each
 attempt in a thread of its own and watches it, so a database that hangs is noticed
-and logged like one that fails, once per change of state. Before the first load,
-requests get the configured plans, and an API key that cannot be verified yet is
-served as anonymous, never refused (``KeysUnavailable``).
+and logged like one that fails, once per change of state; ``health()`` tells how
+old the served snapshot is. Before the first load, requests get the configured
+plans, and an API key that cannot be verified yet is served as anonymous, never
+refused (``KeysUnavailable``); only keyed requests in the sync's first second wait
+for the first load, and at most until that second is over.
 """
 
 from __future__ import annotations
