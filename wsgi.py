@@ -6,7 +6,9 @@ seed's free/pro/enterprise plans in a SQLite file in ``instance/``, no services
 needed. At first start it creates one demo client per plan and prints their API
 keys (only hashes are stored: note them). Manage plans and clients with
 ``flask --app wsgi quota ...``; ``flask --app wsgi db upgrade`` applies the
-migrations in ``migrations/``.
+migrations in ``migrations/``. A database that is down at start does not stop
+the demo: it says so and serves the plans (built-in, or ``QUOTA_PLANS``) until
+the database answers.
 
 The operator dashboard is mounted at ``/quota`` (``QUOTA_DASHBOARD_URL``). Its
 login is user ``ops`` with ``DEMO_DASHBOARD_PASSWORD``, or ``QUOTA_DASHBOARD_USERS``
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,7 @@ from typing import Any
 import click
 from flask import Flask, jsonify, request
 from flask_migrate import Migrate
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from werkzeug.security import generate_password_hash
 
 from flask_quota import Quota
@@ -53,8 +56,9 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     quota = Quota(app)  # API keys are looked up in the quota tables
     Migrate().init_app(app, directory=str(MIGRATIONS))
     if serving:  # a `flask db ...` command must find the database as it is
-        with app.app_context():
-            _demo_clients(app)
+        # In the background: a database that is slow or down never holds up the boot.
+        demo = threading.Thread(target=_demo_clients, args=(app,), name="demo", daemon=True)
+        demo.start()
 
     @app.get("/")
     def index() -> Any:
@@ -146,21 +150,35 @@ def _demo_clients(app: Flask) -> None:
     """One demo client per plan, made at first start; their keys are printed once.
 
     Several gunicorn workers start at once: a client name is unique, so a worker
-    that loses the race to create one simply skips it.
+    that loses the race to create one simply skips it. A database that does not
+    answer is reported in one line; the demo serves on without its clients.
     """
     store = app.extensions["quota"].sql
+    store.start()
+    plans = "QUOTA_PLANS" if app.config.get("QUOTA_PLANS") else "the built-in plans"
+    down = (
+        f"flask-quota demo: the quota database at {store.display_url} does not answer; "
+        f"serving {plans}, with API keys served as anonymous, until it does"
+    )
+    if not store.wait_loaded(timeout=60):
+        print(f"{down} ({store.health().error or 'no reply'})", file=sys.stderr)
+        return
     admin = QuotaAdmin(store, actor="wsgi demo")
-    existing = {client.name for client in admin.clients()}
     made = []
-    for plan in admin.plans():
-        name = f"demo-{plan.name}"
-        if name in existing:
-            continue
-        try:
-            info, key = admin.create_client(name, plan.name)
-        except (AdminError, IntegrityError):
-            continue  # another worker made it
-        made.append(f"  {info.plan:<12} client {info.id:<3} {key}")
+    try:
+        existing = {client.name for client in admin.clients()}
+        for plan in admin.plans():
+            name = f"demo-{plan.name}"
+            if name in existing:
+                continue
+            try:
+                info, key = admin.create_client(name, plan.name)
+            except (AdminError, IntegrityError):
+                continue  # another worker made it
+            made.append(f"  {info.plan:<12} client {info.id:<3} {key}")
+    except SQLAlchemyError as exc:
+        reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [""])[0]
+        print(f"{down} ({reason})", file=sys.stderr)
     if made:
         lines = "\n".join(made)
         print(

@@ -3,12 +3,16 @@
 Every change goes through ``flask_quota.admin.QuotaAdmin``: validated before
 anything is written, audited with the operator's name, and propagated to all
 workers by the SQL store's version poll. Bad input re-renders the form with
-the message and a 400; nothing is saved.
+the message and a 400; nothing is saved. A database that fails answers 503 (409
+for a change that collided with another writer's twice) with a page saying so.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
+from functools import wraps
 from typing import Any
 
 from flask import (
@@ -22,14 +26,56 @@ from flask import (
     request,
     url_for,
 )
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from flask_quota import Tier
-from flask_quota.admin import AdminError, QuotaAdmin, parse_duration
+from flask_quota.admin import AdminError, ChangeConflict, QuotaAdmin, parse_duration
+from flask_quota.sql_store import TablesMissing
 from flask_quota.state import get_state
 
 __all__ = ["ADMIN_ROUTES", "admin", "client_id_of"]
 
+log = logging.getLogger("flask_quota")
+
 FIELD_MAX = 200
+RETRY_AFTER = 5  # seconds, for a database that did not answer
+
+
+def _database_errors(view: Callable[..., Any]) -> Callable[..., Any]:
+    """A database failure answers a page that says so (503, or 409 for a collision),
+    never a 500: every change is one transaction, so nothing was saved."""
+
+    @wraps(view)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return view(*args, **kwargs)
+        except (SQLAlchemyError, TablesMissing) as exc:
+            reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [""])[0]
+            log.warning(
+                "flask-quota dashboard: %s %s failed: %s", request.method, request.path, reason
+            )
+            conflict = isinstance(exc, IntegrityError)
+            if conflict:
+                message = "Someone else changed this at the same moment: nothing was saved."
+            elif request.method == "POST":
+                message = "The quota database did not complete the change: nothing was saved."
+            else:
+                message = "The quota database did not answer: this page cannot be shown now."
+            page = render_template(
+                "quota/unavailable.html",
+                message=f"{message} Try again in a moment.",
+                reason=reason[:300],
+                back=url_for(".overview_page"),
+            )
+            headers = {} if conflict else {"Retry-After": str(RETRY_AFTER)}
+            return page, 409 if conflict else 503, headers
+
+    return wrapper
+
+
+def _status(exc: AdminError) -> int:
+    """Refused input: 400; a change that collided with another writer's: 409."""
+    return 409 if isinstance(exc, ChangeConflict) else 400
 
 
 def admin() -> QuotaAdmin:
@@ -62,7 +108,7 @@ def plan_limit(plan: str) -> Any:
     try:
         admin().set_plan_limit(plan[:FIELD_MAX], tier, rate, resource=resource)
     except AdminError as exc:
-        return plans_page(str(exc), 400)
+        return plans_page(str(exc), _status(exc))
     flash(f"Plan {plan}: {tier}{' ' + resource if resource else ''} is now {rate}.", "ok")
     return redirect(url_for(".plans_page"))
 
@@ -84,7 +130,7 @@ def client_create() -> Any:
     try:
         info, key = admin().create_client(_field("name"), _field("plan"))
     except AdminError as exc:
-        return clients_page(str(exc), 400)
+        return clients_page(str(exc), _status(exc))
     # The key is shown in this response only (no redirect, no-store): it is never stored.
     flash(f"Client {info.name} created (id {info.id}).", "ok")
     return clients_page(new_key=key)
@@ -94,7 +140,7 @@ def client_revoke(client_id: str) -> Any:
     try:
         info = admin().revoke_client(client_id)
     except AdminError as exc:
-        return clients_page(str(exc), 400)
+        return clients_page(str(exc), _status(exc))
     flash(f"Client {info.name} revoked.", "ok")
     return redirect(url_for(".clients_page"))
 
@@ -104,7 +150,7 @@ def client_plan(client_id: str) -> Any:
         info = admin().set_client_plan(client_id, _field("plan"))
     except AdminError as exc:
         flash(f"Plan change refused: {exc}", "error")
-        return _redisplay(client_id), 400
+        return _redisplay(client_id), _status(exc)
     flash(f"Client {info.name} is now on plan {info.plan}.", "ok")
     return _back(client_id)
 
@@ -122,7 +168,7 @@ def client_override(client_id: str) -> Any:
         )
     except AdminError as exc:
         flash(f"Override refused: {exc}", "error")
-        return _redisplay(client_id), 400
+        return _redisplay(client_id), _status(exc)
     flash("Override saved.", "ok")
     return _back(client_id)
 
@@ -151,7 +197,7 @@ def _dumps(value: Any) -> str:
     return "" if value is None else json.dumps(value, sort_keys=True, default=str)
 
 
-ADMIN_ROUTES: list[tuple[str, Any, list[str]]] = [
+_VIEWS: list[tuple[str, Callable[..., Any], list[str]]] = [
     ("/plans", plans_page, ["GET"]),
     ("/plans/<path:plan>/limit", plan_limit, ["POST"]),
     ("/clients", clients_page, ["GET"]),
@@ -160,4 +206,7 @@ ADMIN_ROUTES: list[tuple[str, Any, list[str]]] = [
     ("/clients/<client_id>/plan", client_plan, ["POST"]),
     ("/clients/<client_id>/override", client_override, ["POST"]),
     ("/audit", audit_page, ["GET"]),
+]
+ADMIN_ROUTES: list[tuple[str, Any, list[str]]] = [
+    (rule, _database_errors(view), methods) for rule, view, methods in _VIEWS
 ]

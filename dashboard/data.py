@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
@@ -237,6 +238,7 @@ def overview(app: Flask, state: QuotaState, reads: Reads) -> dict[str, Any]:
         "series": series(minutes),
         "top": top,
         "storage": reads.health(),  # after the reads: one of them may have failed
+        "sql": asdict(state.sql.health()),  # the snapshot's age, and whether it is stale
     }
 
 

@@ -4,18 +4,22 @@ The CLI (and the dashboard) call these methods. Each change is one
 transaction that checks its input before writing, records who did what with
 the before and after state in the audit log, and bumps the version every
 process polls (``SqlStore.change``). Bad input raises ``AdminError`` and
-changes nothing.
+changes nothing. Changes outside the tables (e.g. resetting counters) run inside
+``QuotaAdmin.audited``, whose entry is committed before the change is made.
 """
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from . import apikeys, validators
@@ -26,6 +30,7 @@ from .tiers import Tier
 __all__ = [
     "AdminError",
     "AuditInfo",
+    "ChangeConflict",
     "ClientInfo",
     "LimitInfo",
     "OverrideInfo",
@@ -33,6 +38,8 @@ __all__ = [
     "QuotaAdmin",
     "parse_duration",
 ]
+
+log = logging.getLogger("flask_quota")
 
 T = TypeVar("T")
 
@@ -43,6 +50,10 @@ _MAX_DURATION_DAYS = 3650
 
 class AdminError(ValueError):
     """Bad input or an unknown name: a one-line message, nothing changed."""
+
+
+class ChangeConflict(AdminError):
+    """Another writer changed the same rows at the same moment, twice: nothing changed."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +147,8 @@ class QuotaAdmin:
         tier_ = _tier(tier)
         resource_ = _resource(tier_, resource)
         rate_ = _rate(rate)
-        with self.store.change() as session:
+
+        def apply(session: Session) -> PlanInfo:
             record = _plan(session, plan)
             before = _plan_info(record)
             limit = next(
@@ -149,7 +161,9 @@ class QuotaAdmin:
             session.flush()
             after = _plan_info(record)
             self._audit(session, "plan.limit.set", f"plan:{plan}", asdict(before), asdict(after))
-        return after
+            return after
+
+        return self._change(apply, f"plan {plan!r}")
 
     # -- clients ------------------------------------------------------------
 
@@ -162,7 +176,8 @@ class QuotaAdmin:
     def create_client(self, name: str, plan: str) -> tuple[ClientInfo, str]:
         """A new client and its API key: the key is returned here once and never stored."""
         name = _client_name(name)
-        with self.store.change() as session:
+
+        def apply(session: Session) -> tuple[ClientInfo, str]:
             record = _plan(session, plan)
             if session.scalar(select(Client.id).where(Client.name == name)) is not None:
                 raise AdminError(f"a client named {name!r} exists already")
@@ -176,11 +191,14 @@ class QuotaAdmin:
             session.flush()
             info = _client_info(client)
             self._audit(session, "client.create", f"client:{client.id}", None, _client_dict(info))
-        return info, new.key
+            return info, new.key
+
+        return self._change(apply, f"client {name!r}")
 
     def revoke_client(self, client_id: int | str) -> ClientInfo:
         """Revoke a client's key: from the next poll on it is treated as unknown."""
-        with self.store.change() as session:
+
+        def apply(session: Session) -> ClientInfo:
             client = _client(session, client_id)
             if client.revoked_at is not None:
                 raise AdminError(f"client {client.id} is revoked already")
@@ -188,10 +206,14 @@ class QuotaAdmin:
             client.revoked_at = utcnow()
             info = _client_info(client)
             self._audit(session, "client.revoke", f"client:{client.id}", before, _client_dict(info))
-        return info
+            return info
+
+        return self._change(apply, f"client {client_id}")
 
     def set_client_plan(self, client_id: int | str, plan: str) -> ClientInfo:
-        with self.store.change() as session:
+        """Move a client to another plan."""
+
+        def apply(session: Session) -> ClientInfo:
             client = _client(session, client_id)
             before = _client_dict(_client_info(client))
             client.plan = _plan(session, plan)
@@ -200,7 +222,9 @@ class QuotaAdmin:
             self._audit(
                 session, "client.set_plan", f"client:{client.id}", before, _client_dict(info)
             )
-        return info
+            return info
+
+        return self._change(apply, f"client {client_id}")
 
     # -- overrides ----------------------------------------------------------
 
@@ -228,7 +252,8 @@ class QuotaAdmin:
         if expires_in is not None and expires_in <= timedelta(0):
             raise AdminError("an override's expiry must be in the future")
         expires_at = utcnow() + expires_in if expires_in is not None else None
-        with self.store.change() as session:
+
+        def apply(session: Session) -> OverrideInfo:
             client = _client(session, client_id)
             row = session.scalar(
                 select(Override).where(
@@ -246,10 +271,14 @@ class QuotaAdmin:
             info = _override_info(row)
             after = _override_dict(info)
             self._audit(session, "override.set", f"client:{client.id}", before, after)
-        return info
+            return info
+
+        return self._change(apply, f"the override of client {client_id}")
 
     def remove_override(self, override_id: int | str) -> OverrideInfo:
-        with self.store.change() as session:
+        """Delete an override: its client gets the plan's rate again."""
+
+        def apply(session: Session) -> OverrideInfo:
             row = session.get(Override, _positive_id(override_id, "override id"))
             if row is None:
                 raise AdminError(f"no override with id {override_id}")
@@ -258,7 +287,9 @@ class QuotaAdmin:
             self._audit(
                 session, "override.remove", f"client:{info.client_id}", _override_dict(info), None
             )
-        return info
+            return info
+
+        return self._change(apply, f"override {override_id}")
 
     # -- audit --------------------------------------------------------------
 
@@ -279,9 +310,57 @@ class QuotaAdmin:
         before: dict[str, Any] | None = None,
         after: dict[str, Any] | None = None,
     ) -> None:
-        """An audit entry for something outside the tables (e.g. a usage reset)."""
+        """Commit an audit entry on its own (see ``audited`` for a change outside the tables)."""
         with self.store.session() as session, session.begin():
             self._audit(session, action, target, before, after)
+
+    @contextmanager
+    def audited(
+        self,
+        action: str,
+        target: str,
+        before: dict[str, Any] | None = None,
+        after: dict[str, Any] | None = None,
+    ) -> Iterator[None]:
+        """Audit a change outside the tables (e.g. a counter reset), then make it::
+
+            with admin.audited("usage.reset", "ip:1.2.3.4", None, {"buckets": 3}):
+                storage.clear(keys)
+
+        The entry is committed before the body runs: if it cannot be written, the
+        error propagates and the body never runs, so no change goes unaudited. If the
+        body fails, an ``<action>.failed`` entry records why (best effort).
+        """
+        self.record(action, target, before, after)
+        try:
+            yield
+        except Exception as exc:
+            try:
+                self.record(f"{action[:57]}.failed", target, None, {"error": str(exc)[:500]})
+            except SQLAlchemyError as audit_error:
+                log.warning(
+                    "flask-quota: %s of %s failed (%s), and so did its audit entry (%s)",
+                    action, target, exc, audit_error,
+                )  # fmt: skip
+            raise
+
+    def _change(self, body: Callable[[Session], T], what: str) -> T:
+        """``body(session)`` in one change transaction, run again once if another writer
+        inserted the same row meanwhile (both read "absent", the later insert fails):
+        the second run sees that row and does what it would have done coming second."""
+        try:
+            with self.store.change() as session:
+                return body(session)
+        except IntegrityError:
+            pass
+        try:
+            with self.store.change() as session:
+                return body(session)
+        except IntegrityError:
+            raise ChangeConflict(
+                f"{what} was changed by someone else at the same moment, twice; "
+                "nothing was saved: try again"
+            ) from None
 
     def _audit(
         self,

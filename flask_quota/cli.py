@@ -294,9 +294,8 @@ def reset(identity: str | None, ip: str | None, actor: str) -> None:
     checks = _buckets(identity, ip, None)
     _warn_if_memory()
     target = f"identity:{identity}" if identity is not None else f"ip:{ip}"
-    # Audited first: a reset that then fails leaves a record, never a silent change.
-    admin.record("usage.reset", target, None, {"ip": ip, "buckets": len(checks)})
-    count = inspection.reset(_state(), checks)
+    with admin.audited("usage.reset", target, None, {"ip": ip, "buckets": len(checks)}):
+        count = inspection.reset(_state(), checks)  # audited first: no reset goes unrecorded
     click.echo(f"reset {count} buckets of {target}")
 
 

@@ -24,7 +24,7 @@ from .keys import KeyBuilder, remote_ip_tag
 from .policy import Decision, LimitSpec, Policy, TierCheck
 from .rates import Rate, Rates, parse_rates
 from .settings import DEFAULTS, Settings, reference
-from .sql_store import SqlStore
+from .sql_store import KeysUnavailable, SqlStore
 from .state import LIMIT_ATTR, QuotaState, exempt, get_state, limit_of
 from .storage import Storage, storage_from_url
 from .tiers import Tier
@@ -126,6 +126,7 @@ class Quota:
             sql=sql,
             usage=usage,
         )
+        sql.autostart(app, needed=settings.dashboard_url is not None)
         app.before_request(self._before_request)
         app.after_request(self._after_request)
         if settings.dashboard_url is not None:
@@ -397,7 +398,10 @@ class Quota:
         if key is None:
             return None
         if plausible_api_key(key) and self._api_key_loader is not None:
-            identity = self._api_key_loader(key)
+            try:
+                identity = self._api_key_loader(key)
+            except KeysUnavailable:
+                return None  # cannot be checked yet: anonymous, never 401 (logged by the store)
             if identity is not None:
                 return identity
         if settings.reject_unknown_keys:

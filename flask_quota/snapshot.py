@@ -116,6 +116,3 @@ class SqlCatalog(PlanCatalog):
     def client_plan(self, client_id: str) -> str | None:
         """The plan of a live client, or ``None``."""
         return self._clients.get(client_id)
-
-    def overrides_of(self, client_id: str) -> tuple[OverrideRule, ...]:
-        return self._overrides.get(client_id, ())

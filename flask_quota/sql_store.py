@@ -1,15 +1,37 @@
 """Where the quota tables live, and how each process keeps a fresh copy of them.
 
-Requests never query SQL. The first request of a process loads a
-``SqlCatalog`` snapshot; from then on a daemon thread reads one number,
-``quota_meta.version``, every ``QUOTA_SYNC_INTERVAL`` seconds and reloads the
-snapshot when it moved. Every change bumps that number in its own transaction
-(``SqlStore.change``), so a change made by any process on any server reaches
-every worker within the interval plus one reload, and costs requests nothing.
+Requests never query SQL and never wait for it. Once started, a process serves a
+``SqlCatalog`` snapshot; a sync thread reads one number, ``quota_meta.version``,
+every ``QUOTA_SYNC_INTERVAL`` seconds and reloads the snapshot when it moved.
+Every change bumps that number in its own transaction (``SqlStore.change``), so a
+change made by any process on any server reaches every worker within the interval
+plus one reload, and costs requests nothing.
+
+When the sync starts (``autostart``, called by ``init_app``):
+
+- at once, in the background, when the tables are wanted: a configured
+  ``QUOTA_DATABASE_URL``, ``Quota(app, db=db)``, a mounted dashboard, or a default
+  SQLite file that exists already. Inside a ``flask ...`` command nothing starts
+  (``flask db upgrade`` must find the database as it is); there the first
+  request starts it.
+- otherwise (the implicit default file, absent) nothing is created and no thread
+  runs: requests get the configured plans, and at most once per interval a request
+  looks whether the file has appeared (made by ``flask quota ...`` or by another
+  process's dashboard), and then starts the sync.
+
+A database in trouble never reaches requests. Every call of our own engine is
+bounded (connect, statement and pool timeouts, TCP keepalives). The sync runs each
+attempt in a thread of its own and watches it, so a database that hangs is noticed
+and logged like one that fails, once per change of state; ``health()`` tells how
+old the served snapshot is. Before the first load, requests get the configured
+plans, and an API key that cannot be verified yet is served as anonymous, never
+refused (``KeysUnavailable``); only keyed requests in the sync's first second wait
+for the first load, and at most until that second is over.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import random
@@ -19,9 +41,12 @@ import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import click
+from flask import Flask, has_app_context
 from sqlalchemy import (
     Column,
     Engine,
@@ -37,7 +62,7 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.pool import StaticPool
@@ -53,7 +78,7 @@ from .models import (
     copy_tables,
     metadata,
 )
-from .plans import Plan
+from .plans import Plan, PlanCatalog
 from .rates import Rates, parse_rates
 from .settings import Settings
 from .snapshot import KeyEntry, OverrideRule, SqlCatalog
@@ -62,7 +87,16 @@ from .tiers import Tier
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
 
-__all__ = ["DEFAULT_DATABASE_FILE", "VERSION_TABLE", "SqlStore", "TablesMissing"]
+__all__ = [
+    "DEFAULT_DATABASE_FILE",
+    "STALE_AFTER",
+    "VERSION_TABLE",
+    "KeysUnavailable",
+    "SqlStore",
+    "SyncHealth",
+    "TablesMissing",
+    "local_database_warning",
+]
 
 log = logging.getLogger("flask_quota")
 
@@ -71,9 +105,56 @@ DEFAULT_DATABASE_FILE = "flask_quota.sqlite3"
 VERSION_TABLE = "quota_alembic_version"
 _INIT_LOCK_ID = 0x71756F7461  # "quota": pg_advisory_xact_lock key for first-time setup
 
+STALE_AFTER = 5.0  # seconds without a confirmed sync before the snapshot counts as stale
+# API-key requests arriving this soon after the sync started wait (at most that long)
+# for the first load, so a healthy database verifies keys from the very first request.
+FIRST_LOAD_GRACE = 1.0
+# Bounds of our own engine's calls (the host's engine, with db=, is the host's to tune).
+CONNECT_TIMEOUT = 5  # seconds, libpq's connect_timeout
+STATEMENT_TIMEOUT_MS = 5000  # PostgreSQL statement_timeout
+POOL_TIMEOUT = 5.0  # seconds to wait for a pooled connection
+SQLITE_BUSY_TIMEOUT = 5.0  # seconds a SQLite writer waits for another's lock
+# Counters in these are shared between servers (a unix socket is one server's Redis).
+_SHARED_COUNTERS = ("redis", "rediss", "redis+sentinel", "redis+cluster")
+
 
 class TablesMissing(RuntimeError):
     """The host's database has no quota tables yet."""
+
+
+class KeysUnavailable(RuntimeError):
+    """An API key cannot be checked now: no snapshot of the clients has loaded yet.
+
+    The extension then serves the request as anonymous, and never refuses it with
+    401 (``QUOTA_REJECT_UNKNOWN_KEYS``): the key may well be a paying client's.
+    """
+
+
+@dataclass(frozen=True)
+class SyncHealth:
+    """How current this process's copy of the quota tables is (``SqlStore.health()``)."""
+
+    started: bool  # the sync runs in this process
+    loaded: bool  # a snapshot from the database is served (else: the configured plans)
+    age: float | None  # seconds since it was last confirmed current (or since start)
+    stale: bool  # age beyond STALE_AFTER: changes made since may not apply here
+    stale_events: int  # how often it went stale in this process
+    error: str | None  # why the last sync attempt failed, while they fail
+
+
+class _Sync:
+    """One process's sync thread and what it has observed (reset at fork)."""
+
+    def __init__(self) -> None:
+        self.started_at = time.monotonic()
+        self.error: str | None = None
+        self.first_done = threading.Event()  # the first attempt ended, well or not
+        self.stop = threading.Event()
+        self.failing = False  # as last logged
+        self.stale = False  # as last logged
+        self.stale_events = 0
+        self.thread: threading.Thread | None = None  # the supervisor
+        self.attempt: threading.Thread | None = None  # the attempt it watches
 
 
 class SqlStore:
@@ -95,13 +176,25 @@ class SqlStore:
         self._db = db
         self.owns_engine = db is None
         self.url = settings.database_url or _default_url(instance_path)
+        # The implicit default file: made only when something needs SQL.
+        self._default_file: Path | None = None
+        if db is None and settings.database_url is None:
+            self._default_file = Path(instance_path) / DEFAULT_DATABASE_FILE
+        self._wanted = self._default_file is None  # start the sync when asked to
+        self._next_look = 0.0  # when a request may next look for the default file
+        self._app: weakref.ref[Flask] | None = None  # with db=: whose app context to use
         self._engine: Engine | None = None
-        self._snapshot: SqlCatalog | None = None
+        self._current: SqlCatalog | None = None  # served while this process's sync runs
+        self._last: SqlCatalog | None = None  # the newest snapshot loaded (kept at fork)
+        self._fresh_at: float | None = None  # monotonic time it was last confirmed current
+        self._sync: _Sync | None = None
         self._ready = False
+        self._warned_local = False
+        self._warned_keys = False
         self._lock = threading.Lock()  # guards the engine
-        self._start_lock = threading.Lock()  # one first load per process
-        self._stop = threading.Event()
-        self._poller: threading.Thread | None = None
+        self._start_lock = threading.Lock()  # one sync per process
+        self._swap_lock = threading.Lock()  # never replace a snapshot with an older one
+        self._ready_lock = threading.Lock()  # one table setup at a time in this process
         self._listeners: list[Callable[[], None]] = []
         if db is not None:
             # The host's `db.create_all()` and `flask db migrate` then include our tables.
@@ -112,58 +205,203 @@ class SqlStore:
 
     @property
     def engine(self) -> Engine:
-        """Our own engine, or the host's ``db.engine`` (needs an app context once)."""
+        """Our own engine, or the host's ``db.engine`` (resolved in the app's context)."""
         if self._engine is None:
             with self._lock:
                 if self._engine is None:
-                    self._engine = _own_engine(self.url) if self._db is None else self._db.engine
+                    self._engine = self._make_engine()
         return self._engine
+
+    def _make_engine(self) -> Engine:
+        if self._db is None:
+            return _own_engine(self.url)
+        app = self._app() if self._app is not None else None
+        if app is None or has_app_context():
+            return self._db.engine
+        with app.app_context():  # the sync thread has no context of its own
+            return self._db.engine
+
+    # -- starting -----------------------------------------------------------
+
+    def autostart(self, app: Flask, *, needed: bool = False) -> None:
+        """Called by ``init_app``: start the sync in the background if the tables are
+        wanted (``needed``: e.g. the dashboard is mounted). Never inside a ``flask``
+        command, whose migrations must find the database untouched; nor before the
+        host's Flask-SQLAlchemy is set up on ``app`` (``db=``). The first request
+        starts it then."""
+        if self._db is not None:
+            self._app = weakref.ref(app)
+        if needed or (self._default_file is not None and self._default_file.is_file()):
+            self._wanted = True
+        host_ready = self._db is None or "sqlalchemy" in app.extensions
+        if self._wanted and host_ready and click.get_current_context(silent=True) is None:
+            self.start()
+
+    def start(self) -> None:
+        """Load the snapshot and keep it current, in a background thread; idempotent.
+
+        Returns at once: until the first load, requests get the configured plans.
+        """
+        with self._start_lock:
+            if self._sync is not None:
+                return
+            self._wanted = True
+            if not self._warned_local:
+                self._warned_local = True
+                warning = local_database_warning(
+                    self.settings.storage_url, self.url if self.owns_engine else None
+                )
+                if warning is not None:
+                    log.warning(warning)
+            sync = _Sync()
+            sync.thread = threading.Thread(
+                target=_supervise,
+                args=(weakref.ref(self), sync, self.settings.sync_interval),
+                name="flask-quota-sync",
+                daemon=True,
+            )
+            self._sync = sync
+            sync.thread.start()
+
+    def _may_start(self, *, look: bool) -> bool:
+        """Whether the tables are wanted; for the default file, whether it exists now
+        (looked at once per interval, or now with ``look``)."""
+        if self._wanted or self._default_file is None:
+            return self._wanted
+        now = time.monotonic()
+        if look or now >= self._next_look:
+            self._next_look = now + self.settings.sync_interval
+            if self._default_file.is_file():
+                self._wanted = True
+        return self._wanted
 
     # -- the request path ---------------------------------------------------
 
-    def catalog(self) -> SqlCatalog:
-        """The current snapshot: an attribute read once the process has started."""
-        snapshot = self._snapshot
-        return snapshot if snapshot is not None else self._start()
+    def catalog(self) -> PlanCatalog:
+        """What requests are limited by: the snapshot, an attribute read once loaded."""
+        current = self._current
+        return current if current is not None else self._cold()
+
+    def _cold(self) -> PlanCatalog:
+        # Not serving a snapshot of this process's sync yet: never wait for SQL.
+        if self._sync is None and self._may_start(look=False):
+            self.start()
+        last = self._last
+        return last if last is not None else self.settings.plans
 
     def identify(self, api_key: str) -> Identity | None:
-        """The live client owning ``api_key`` (from the snapshot), else ``None``."""
-        return self.catalog().identify(api_key)
+        """The live client owning ``api_key`` (from the snapshot), else ``None``.
 
-    def _start(self) -> SqlCatalog:
-        """First use in this process: load the snapshot and start the poller."""
-        with self._start_lock:
-            if self._snapshot is not None:
-                return self._snapshot
-            try:
-                self.ensure_ready()
-                snapshot = self.load()
-            except Exception:  # a down database must not take requests down
-                log.exception(
-                    "flask-quota: cannot read the quota tables at %s; serving the configured "
-                    "plans without API keys until the database answers",
+        Raises ``KeysUnavailable`` while no snapshot has loaded: the key can be
+        neither accepted nor refused.
+        """
+        snapshot = self._current
+        if snapshot is None:
+            snapshot = self._keys_snapshot()
+            if snapshot is None:
+                return None
+        return snapshot.identify(api_key)
+
+    def _keys_snapshot(self) -> SqlCatalog | None:
+        if self._sync is None:
+            if not self._may_start(look=True):
+                return None  # no database at all, so no client: the key is unknown
+            self.start()
+        sync = self._sync
+        if self._last is None and sync is not None:
+            sync.first_done.wait(max(0.0, sync.started_at + FIRST_LOAD_GRACE - time.monotonic()))
+        last = self._last
+        if last is None:
+            if not self._warned_keys:
+                self._warned_keys = True
+                log.warning(
+                    "flask-quota: API keys cannot be verified until the quota database at %s "
+                    "answers: they are served as anonymous, and not refused even with "
+                    "QUOTA_REJECT_UNKNOWN_KEYS",
                     self.display_url,
                 )
-                snapshot = self._fallback()
-            self._snapshot = snapshot
-            self._start_poller()
-            return snapshot
+            raise KeysUnavailable("no snapshot of the clients has loaded yet")
+        return last
 
-    def _fallback(self) -> SqlCatalog:
-        plans = self.settings.plans
-        return SqlCatalog(
-            [plans[name] for name in plans], upgrade_url=self.settings.upgrade_url, version=-1
+    # -- health -------------------------------------------------------------
+
+    def health(self) -> SyncHealth:
+        """How current the served snapshot is, for dashboards and readiness probes."""
+        sync = self._sync
+        if sync is None:
+            return SyncHealth(False, self._last is not None, None, False, 0, None)
+        age = self._age(sync)
+        return SyncHealth(
+            True, self._last is not None, age, age > STALE_AFTER, sync.stale_events, sync.error
         )
 
-    def _start_poller(self) -> None:
-        self._stop = threading.Event()
-        self._poller = threading.Thread(
-            target=_poll,
-            args=(weakref.ref(self), self._stop, self.settings.sync_interval),
-            name="flask-quota-sync",
-            daemon=True,
-        )
-        self._poller.start()
+    def wait_loaded(self, timeout: float) -> bool:
+        """Wait until the first sync attempt has ended (at most ``timeout`` seconds);
+        True if a snapshot is loaded. For start-up scripts, never for requests."""
+        sync = self._sync
+        if sync is not None:
+            sync.first_done.wait(timeout)
+        return self._last is not None
+
+    def _age(self, sync: _Sync) -> float:
+        fresh = self._fresh_at
+        return time.monotonic() - (fresh if fresh is not None else sync.started_at)
+
+    def _attempt(self, sync: _Sync) -> None:
+        """One sync attempt, in a thread of its own (it may hang on a hung database)."""
+        began = time.monotonic()
+        try:
+            if sync.stop.is_set():
+                return
+            self.ensure_ready()
+            self.refresh()
+        except Exception as exc:  # the supervisor logs it; requests keep the snapshot
+            sync.error = _one_line(exc)
+        else:
+            sync.error = None
+            self._fresh_at = began
+        finally:
+            sync.first_done.set()
+
+    def _observe(self, sync: _Sync, running_for: float) -> None:
+        """Log changes of state, once each (called by the supervisor every interval)."""
+        problem = sync.error
+        if problem is None and running_for > STALE_AFTER:
+            problem = f"no reply for {running_for:.0f} s"
+        if problem is not None and not sync.failing:
+            sync.failing = True
+            serving = (
+                "the snapshot loaded before"
+                if self._last is not None
+                else "the configured plans, with API keys served as anonymous,"
+            )
+            log.warning(
+                "flask-quota: the quota database at %s does not answer (%s); serving %s "
+                "until it does",
+                self.display_url, problem, serving,
+            )  # fmt: skip
+        elif problem is None and sync.failing:
+            sync.failing = False
+            log.warning("flask-quota: the quota database at %s answers again", self.display_url)
+        age = self._age(sync)
+        if age > STALE_AFTER and not sync.stale:
+            sync.stale = True
+            sync.stale_events += 1
+            if self._last is not None:
+                log.warning(
+                    "flask-quota: the quota snapshot is %.0f s old: plans, clients and "
+                    "overrides changed since then are not applied by this process",
+                    age,
+                )
+            else:
+                log.warning(
+                    "flask-quota: no quota snapshot has loaded %.0f s after start: "
+                    "serving the configured plans",
+                    age,
+                )
+        elif age <= STALE_AFTER and sync.stale:
+            sync.stale = False
+            log.info("flask-quota: the quota snapshot is current again")
 
     # -- schema and seed ----------------------------------------------------
 
@@ -171,10 +409,23 @@ class SqlStore:
         """Create the tables (own engine only), seed plans and the version row; idempotent.
 
         Many workers may start at once on a fresh database: PostgreSQL serialises
-        them with an advisory lock; on SQLite a loser retries after the winner.
+        them with an advisory lock; on SQLite a loser retries after the winner. A
+        slow failure is no such race (the database is down): it is not retried.
+        Within a process, callers (the sync, the CLI, the dashboard) take turns,
+        but none waits long behind one stuck on a hung database.
         """
         if self._ready:
             return
+        locked = self._ready_lock.acquire(timeout=2 * CONNECT_TIMEOUT)
+        try:
+            if not self._ready:
+                self._create_and_seed()
+        finally:
+            if locked:
+                self._ready_lock.release()
+
+    def _create_and_seed(self) -> None:
+        began = time.monotonic()
         for attempt in range(5):
             try:
                 with self.engine.begin() as conn:
@@ -195,10 +446,11 @@ class SqlStore:
                     self._seed(session)
                 break
             except DBAPIError:
-                if attempt == 4:
+                if attempt == 4 or time.monotonic() - began > 1.0:
                     raise
                 time.sleep(0.05 * (attempt + 1) + random.random() * 0.05)
         self._ready = True
+        self._wanted = True  # the tables exist now: requests of this process may use them
 
     def _seed(self, session: Session) -> None:
         if session.scalar(select(func.count()).select_from(PlanRecord)) == 0:
@@ -216,6 +468,7 @@ class SqlStore:
         The version is read first: a change committed meanwhile has a newer
         version, so the next poll reloads again and nothing is missed.
         """
+        self.ensure_ready()
         with Session(self.engine) as session:
             version = session.scalar(select(QuotaMeta.version).where(QuotaMeta.id == 1)) or 0
             records = session.scalars(
@@ -244,7 +497,8 @@ class SqlStore:
                 if rule is not None and rule.live(time.time()):
                     overrides[str(row.client_id)].append(rule)
         if not plans:
-            return self._fallback()
+            configured = list(self.settings.plans.values())
+            return SqlCatalog(configured, upgrade_url=self.settings.upgrade_url, version=-1)
         for key in ("default_plan", "anonymous_plan"):
             name = getattr(self.settings, key)
             if name not in {plan.name for plan in plans}:
@@ -262,6 +516,8 @@ class SqlStore:
         )
 
     def version(self) -> int:
+        """The version number every change bumps."""
+        self.ensure_ready()
         with self.engine.connect() as conn:
             return conn.scalar(select(QuotaMeta.version).where(QuotaMeta.id == 1)) or 0
 
@@ -270,17 +526,30 @@ class SqlStore:
 
         Then every ``on_change`` listener runs (the deny cache forgets its denials).
         """
-        current = self._snapshot
-        if current is not None and self.version() == current.version:
+        last = self._last
+        if last is not None and self.version() == last.version:
             return False
-        self._snapshot = self.load()  # one attribute store: requests see old or new, whole
-        for listener in self._listeners:
-            listener()
+        self._swap(self.load())
         return True
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` in each process whenever it sees the version move."""
         self._listeners.append(listener)
+
+    def _swap(self, snapshot: SqlCatalog) -> None:
+        # One attribute store: requests see the old or the new snapshot, whole. A
+        # slow load may end after a newer one (the sync's and a change's): keep the newer.
+        with self._swap_lock:
+            last = self._last
+            if last is not None and snapshot.version < last.version:
+                return
+            moved = last is not None and snapshot.version != last.version
+            self._last = snapshot
+            if self._sync is not None:
+                self._current = snapshot
+        if moved:
+            for listener in self._listeners:
+                listener()
 
     # -- writing ------------------------------------------------------------
 
@@ -289,7 +558,7 @@ class SqlStore:
         """A transaction for a change; it bumps ``quota_meta.version`` before committing.
 
         Every writer (CLI, dashboard) goes through here, so every process sees
-        the change at its next poll; this process sees it at once.
+        the change at its next poll; this process, if it serves, sees it at once.
         """
         self.ensure_ready()
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
@@ -298,8 +567,15 @@ class SqlStore:
             session.execute(
                 update(QuotaMeta).where(QuotaMeta.id == 1).values(version=QuotaMeta.version + 1)
             )
-        if self._snapshot is not None:
-            self.refresh()
+        if self._sync is not None:
+            try:
+                self.refresh()
+            except Exception as exc:  # the change is committed: the next poll brings it
+                log.warning(
+                    "flask-quota: change saved, but reloading it failed (%s); "
+                    "it applies at the next sync",
+                    _one_line(exc),
+                )
 
     def bump(self) -> None:
         """Tell every process that quotas changed outside the tables (a reset, an unblock).
@@ -319,28 +595,57 @@ class SqlStore:
 
     @property
     def display_url(self) -> str:
-        return make_url(self.url).render_as_string(hide_password=True) if self.owns_engine else "db"
+        """The database's URL without its password, for messages."""
+        if not self.owns_engine:
+            return "the database of Quota(app, db=db)"
+        return make_url(self.url).render_as_string(hide_password=True)
 
     def close(self) -> None:
-        """Stop the poller and release our own engine (tests and app teardown)."""
-        self._stop.set()
-        poller, self._poller = self._poller, None
-        if poller is not None and poller is not threading.current_thread():
-            poller.join(timeout=5)
+        """Stop the sync and release our own engine (tests and app teardown)."""
+        sync, self._sync = self._sync, None
+        self._current = None
+        if sync is not None:
+            sync.stop.set()
+            # The engine must outlive a running attempt: an in-memory SQLite's one
+            # connection is closed under it otherwise. A hung one is left behind.
+            for thread in (sync.thread, sync.attempt):
+                if thread is not None and thread is not threading.current_thread():
+                    thread.join(timeout=5)
         if self.owns_engine and self._engine is not None:
             self._engine.dispose()
             self._engine = None
 
     def _after_fork(self) -> None:
-        # Threads do not survive fork and pooled connections must not be shared:
-        # the child starts over at its first request.
+        # Threads do not survive fork and pooled connections must not be shared. The
+        # child serves the parent's last snapshot until its own sync (started by its
+        # first request) has loaded one.
         self._lock = threading.Lock()
         self._start_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._poller = None
-        self._snapshot = None
+        self._swap_lock = threading.Lock()
+        self._ready_lock = threading.Lock()
+        self._sync = None
+        self._current = None
         if self.owns_engine and self._engine is not None:
             self._engine.dispose(close=False)
+
+
+def local_database_warning(storage_url: str, database_url: str | None) -> str | None:
+    """The start-up warning for counters shared between servers (Redis) beside a quota
+    database local to this server (SQLite), or ``None``. ``database_url`` is ``None``
+    for the host's database (``db=``), which is the host's choice."""
+    scheme = storage_url.split("://", 1)[0].strip().lower()
+    if scheme not in _SHARED_COUNTERS or database_url is None:
+        return None
+    url = make_url(database_url)
+    if url.get_backend_name() != "sqlite":
+        return None
+    where = url.database or "in memory"
+    return (
+        f"flask-quota: QUOTA_STORAGE_URL shares counters between servers, but plans, clients "
+        f"and overrides are in the local SQLite database {where}: a change made on one "
+        "server is not seen by the others. Set QUOTA_DATABASE_URL to a database every "
+        "server reaches (e.g. postgresql+psycopg2://...) or pass Quota(app, db=db)."
+    )
 
 
 # -- plans <-> rows ---------------------------------------------------------
@@ -401,17 +706,59 @@ def _default_url(instance_path: str) -> str:
 
 
 def _own_engine(url: str) -> Engine:
+    """An engine whose every call is bounded in time (see the module docstring)."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4)
+        return create_engine(
+            url,
+            pool_pre_ping=True,
+            pool_size=2,
+            max_overflow=4,
+            pool_timeout=POOL_TIMEOUT,
+            connect_args=_libpq_bounds(parsed),
+        )
+    sqlite_args = {"timeout": SQLITE_BUSY_TIMEOUT, "check_same_thread": False}
     database = parsed.database or ""
     if database in ("", ":memory:"):
         # One shared in-memory database for every thread of this process.
-        return create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+        return create_engine(url, poolclass=StaticPool, connect_args=sqlite_args)
     Path(database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": 15})
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT})
     event.listen(engine, "connect", _sqlite_pragmas)
     return engine
+
+
+def _libpq_bounds(url: URL) -> dict[str, Any]:
+    """Connect, statement and TCP timeouts for libpq drivers; the URL's own settings win.
+
+    ``statement_timeout`` goes in the startup ``options``; a URL that names its own
+    ``options`` (e.g. for a pooler that refuses them) keeps exactly those.
+    """
+    driver = url.get_driver_name()
+    if url.get_backend_name() != "postgresql" or driver not in ("psycopg2", "psycopg"):
+        return {}
+    bounds: dict[str, Any] = {
+        "connect_timeout": CONNECT_TIMEOUT,
+        # A dead peer is noticed on an idle connection after 10 + 3 x 5 s ...
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+    }
+    if _libpq_version(driver) >= 120000:
+        bounds["tcp_user_timeout"] = 10_000  # ... and on a busy one after 10 s (ms)
+    return {key: value for key, value in bounds.items() if key not in url.query}
+
+
+def _libpq_version(driver: str) -> int:
+    """The libpq the driver runs on, e.g. 170000; 0 if unknown."""
+    try:
+        if driver == "psycopg2":
+            return int(importlib.import_module("psycopg2.extensions").libpq_version())
+        return int(importlib.import_module("psycopg").pq.version())
+    except (ImportError, AttributeError):
+        return 0
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -438,29 +785,41 @@ def _stamp(conn: Any) -> None:
         conn.execute(table.insert().values(version_num=SCHEMA_REVISION))
 
 
-def _poll(ref: weakref.ref[SqlStore], stop: threading.Event, interval: float) -> None:
-    """Body of each process's sync thread; it ends when its store is closed or collected."""
-    failures = 0
-    while not stop.wait(interval):
+def _supervise(ref: weakref.ref[SqlStore], sync: _Sync, interval: float) -> None:
+    """Body of each process's sync thread; it ends when its store is closed or collected.
+
+    Each attempt runs in a short-lived thread of its own, one at a time: an attempt
+    stuck on a hung database delays no other work, and is seen and logged here.
+    """
+    attempt_began = 0.0
+    while True:
         store = ref()
         if store is None:
             return
         try:
-            store.ensure_ready()
-            store.refresh()
-            if failures:
-                log.warning("flask-quota: the quota database answers again")
-            failures = 0
-        except Exception:  # the thread must outlive any database trouble
-            failures += 1
-            if failures == 1 or failures % 120 == 0:
-                log.warning(
-                    "flask-quota: cannot refresh quotas from %s (%d failures); "
-                    "keeping the last snapshot",
-                    store.display_url, failures, exc_info=True,
-                )  # fmt: skip
+            if sync.attempt is None or not sync.attempt.is_alive():
+                sync.attempt = threading.Thread(
+                    target=store._attempt,
+                    args=(sync,),
+                    name="flask-quota-sync-attempt",
+                    daemon=True,
+                )
+                attempt_began = time.monotonic()
+                sync.attempt.start()
+            store._observe(sync, time.monotonic() - attempt_began)
+        except Exception:  # the thread must outlive anything
+            log.exception("flask-quota: the quota sync thread hit an error")
         finally:
             del store
+        if sync.stop.wait(interval):
+            return
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error as one short line (a driver's message may span several)."""
+    reason = str(getattr(exc, "orig", None) or exc).strip()
+    first = reason.splitlines()[0] if reason else ""
+    return f"{type(exc).__name__}: {first}"[:300]
 
 
 _STORES: weakref.WeakSet[SqlStore] = weakref.WeakSet()

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run the demo API (wsgi.py) on the embedded defaults: memory storage, no services.
 # QUOTA_* environment variables configure it; PORT picks the port (default 8000).
+# A QUOTA_DATABASE_URL that is down at boot does not stop it: the log says so, and
+# the built-in plans (or QUOTA_PLANS) apply until the database answers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -c 'import ensurepip' 2>/dev/null; then

@@ -90,10 +90,10 @@ def user_quota(http: FlaskClient, **headers: str) -> int:
 def test_first_use_creates_the_tables_and_seeds_the_configured_plans(
     apps: Callable[..., Flask], database_url: str
 ) -> None:
-    """Without db=, the first request creates the quota tables and inserts QUOTA_PLANS."""
+    """Without db=, the store's first load creates the quota tables and inserts QUOTA_PLANS."""
     app = apps(database_url)
+    assert store(app).wait_loaded(10)
     engine = create_engine(database_url)
-    assert not inspect(engine).has_table("quota_plans")  # init_app touches no database
     assert user_quota(app.test_client()) == 5
     assert {t for t in inspect(engine).get_table_names() if t.startswith("quota_")} >= set(
         metadata.tables
@@ -109,15 +109,19 @@ def test_seed_plans_are_inserted_only_into_an_empty_plan_table(
     first = apps(database_url, name="one")
     admin(first).set_plan_limit("free", "user", "7/hour")
     second = apps(database_url, name="two", QUOTA_PLANS={"free": {"user": "1/hour"}})
+    assert store(second).wait_loaded(10)
     assert user_quota(second.test_client()) == 7
 
 
 def test_default_database_is_a_sqlite_file_in_the_instance_folder(
     apps: Callable[..., Flask], tmp_path: Path
 ) -> None:
-    """No QUOTA_DATABASE_URL and no db=: the tables live in instance/flask_quota.sqlite3."""
+    """No QUOTA_DATABASE_URL and no db=: once something needs SQL (here an operator's
+    change), the tables live in instance/flask_quota.sqlite3."""
     app = apps(None, name="inst")
     assert app.test_client().get("/items").status_code == 200
+    assert not (tmp_path / "inst" / DEFAULT_DATABASE_FILE).exists()  # requests need no SQL
+    admin(app).set_plan_limit("free", "user", "6/hour")
     assert (tmp_path / "inst" / DEFAULT_DATABASE_FILE).is_file()
 
 
