@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from .algorithms import Algorithm, Outcome
 from .rates import Rate
 from .storage import Check, Storage, Verdict
+from .usage import UsageSink, usage_sink
 
 __all__ = ["DenyCache"]
 
@@ -166,3 +167,7 @@ class DenyCache:
         if len(live) >= self._max_keys:
             live = dict(list(live.items())[len(live) // 2 :])
         self._denials = live
+
+    def usage_sink(self, prefix: str) -> UsageSink:
+        """The wrapped storage's usage sink."""
+        return usage_sink(self.storage, prefix)

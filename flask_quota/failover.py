@@ -9,6 +9,7 @@ from .breaker import CircuitBreaker
 from .errors import QuotaUnavailable
 from .settings import FailMode
 from .storage import Check, MemoryStorage, Storage, StorageError, Verdict
+from .usage import UsageSink, usage_sink
 
 __all__ = ["GuardedStorage"]
 
@@ -45,3 +46,7 @@ class GuardedStorage:
         if self.mode is FailMode.CLOSED:
             raise QuotaUnavailable(math.ceil(self.breaker.seconds_to_probe()))
         return None
+
+    def usage_sink(self, prefix: str) -> UsageSink:
+        """The guarded storage's usage sink."""
+        return usage_sink(self.storage, prefix)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..algorithms import ALGORITHMS, Step
+from ..usage import MemoryUsageSink, UsageSink
 from .base import Check, Clock, Verdict, wall_clock_us
 
 __all__ = ["MemoryStorage"]
@@ -122,3 +123,7 @@ class MemoryStorage:
             self._data = dict(data)
             self._slots = dict(self._slots)
             self._high = len(data)
+
+    def usage_sink(self, prefix: str) -> UsageSink:
+        """Dashboard usage stays in this process, on this storage's clock."""
+        return MemoryUsageSink(clock=self._clock)

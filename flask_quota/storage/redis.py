@@ -12,6 +12,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..algorithms import Outcome
+from ..usage import RedisUsageSink, UsageSink
 from .base import Check, Clock, StorageError, Verdict
 
 __all__ = ["SCRIPT", "RedisStorage"]
@@ -93,6 +94,10 @@ class RedisStorage:
         except (redis.RedisError, OSError) as exc:
             raise StorageError(f"redis: {exc}") from exc
         return parse_reply(reply, checks)
+
+    def usage_sink(self, prefix: str) -> UsageSink:
+        """Dashboard usage in this Redis, shared by every worker (Sentinel inherits it)."""
+        return RedisUsageSink(lambda: self.client, prefix, clock=self._clock)
 
 
 def parse_reply(reply: Sequence[int], checks: Sequence[Check]) -> Verdict:
