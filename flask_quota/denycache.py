@@ -21,6 +21,7 @@ from .clock import US
 from .rates import Rate
 from .storage import Check, Storage, Verdict
 from .storage.base import BlockEntry
+from .usage import UsageSink, usage_sink
 
 __all__ = ["DenyCache"]
 
@@ -203,3 +204,7 @@ class DenyCache:
         if len(live) >= self._max_keys:
             live = dict(list(live.items())[len(live) // 2 :])
         self._denials = live
+
+    def usage_sink(self, prefix: str) -> UsageSink:
+        """The wrapped storage's usage sink."""
+        return usage_sink(self.storage, prefix)

@@ -11,6 +11,7 @@ from .breaker import CircuitBreaker
 from .errors import QuotaUnavailable
 from .settings import FailMode
 from .storage import Check, MemoryStorage, Storage, StorageError, Verdict
+from .usage import UsageSink, usage_sink
 
 __all__ = ["GuardedStorage"]
 
@@ -118,3 +119,6 @@ class GuardedStorage:
             return None
         self.breaker.succeeded()
         return result
+    def usage_sink(self, prefix: str) -> UsageSink:
+        """The guarded storage's usage sink."""
+        return usage_sink(self.storage, prefix)

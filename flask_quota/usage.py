@@ -2,29 +2,38 @@
 
 Nothing here touches the request's storage round trip: ``UsageRecorder.record``
 only bumps in-process counters; a background thread flushes them to a sink
-about once a second (one pipelined call per worker). Sinks keep the last hour
-and no more: the memory sink prunes old minutes, the Redis sink gives every
-key a TTL and trims the per-minute top list. Active identities are found in
-those per-minute lists, never by scanning the keyspace.
+about once a second (on Redis, one script call per minute and 500 callers in
+the flush). Sinks keep the last hour
+and, whatever the number of callers, a bounded amount of it: totals per tier
+are exact, per-identity counts are kept for each minute's ``TOP_KEPT`` busiest
+identities only. A flush costs what it carries, never what the sink holds.
+
+Which sink a storage gets is the storage's own business: a storage that can
+host usage implements ``UsageHost.usage_sink(prefix)``. This module imports
+no backend, so the backends can import it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from importlib import resources
+from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
     "HOUR",
     "REQUESTS",
+    "TOP_KEPT",
     "MemoryUsageSink",
     "MinuteUsage",
     "RedisUsageSink",
+    "UsageHost",
     "UsageRecorder",
     "UsageSink",
     "usage_sink",
@@ -33,11 +42,21 @@ __all__ = [
 log = logging.getLogger("flask_quota")
 
 HOUR = 60  # minutes kept
-TOP_KEPT = 1000  # identities kept per minute for the top list
-TTL_SECONDS = (HOUR + 5) * 60
+TOP_KEPT = 1000  # identities kept per minute, the busiest by requests
+TTL_SECONDS = (HOUR + 1) * 60  # a minute is written during that minute, shown for an hour
+_TRIM_AT = TOP_KEPT + TOP_KEPT // 2  # the memory sink trims in batches (amortised O(1))
+_CHUNK = 500  # identities per Redis script call, so no call blocks Redis for long
+_US_PER_MINUTE = 60_000_000
+
+Clock = Callable[[], int]
+"""Microseconds, like the storages' clocks (``flask_quota.storage.Clock``)."""
 
 Batch = dict[tuple[int, str, str, bool], int]  # (minute, identity, tier name, allowed) -> count
 REQUESTS = "*"  # the tier name under which whole requests are counted per identity
+
+
+def _wall_clock_us() -> int:
+    return time.time_ns() // 1000
 
 
 @dataclass
@@ -52,7 +71,14 @@ class MinuteUsage:
 
 
 class UsageSink(Protocol):
-    def add(self, batch: Batch, plans: dict[str, str]) -> None: ...
+    """Where a ``UsageRecorder`` flushes its counts, and where the dashboard reads them."""
+
+    clock: Clock
+    """The time the recorder stamps its counts with (the storage's clock)."""
+
+    def add(self, batch: Batch, plans: dict[str, str]) -> None:
+        """Add one flush's counts. Called about once a second, with an empty batch
+        when nothing happened, so a sink can also drop what aged out."""
 
     def minutes(self, last: int, now_minute: int) -> list[MinuteUsage]:
         """Totals of the ``last`` minutes up to ``now_minute``, oldest first."""
@@ -64,124 +90,208 @@ class UsageSink(Protocol):
         """The plan each identity was last seen on within the hour."""
 
 
-class MemoryUsageSink:
-    """In-process sink (the memory backend's companion): one process sees its own usage."""
+@runtime_checkable
+class UsageHost(Protocol):
+    """A storage that can keep the dashboard's usage: the storage decides where
+    (in-process for memory, in Redis for Redis, Sentinel and Cluster)."""
 
-    def __init__(self) -> None:
+    def usage_sink(self, prefix: str) -> UsageSink:
+        """A sink for usage counts, its keys (if any) under ``prefix``."""
+
+
+def usage_sink(storage: object, prefix: str) -> UsageSink:
+    """The sink ``storage`` hosts; a storage that hosts none gets an in-process one."""
+    if isinstance(storage, UsageHost):
+        return storage.usage_sink(prefix)
+    return MemoryUsageSink()
+
+
+class _Minute:
+    """One minute in the memory sink; it goes as a whole when it ages out.
+
+    An identity's tier counts are a list indexed like the sink's tier names:
+    about a third of a ``Counter``'s size, and (kept identities x an hour) of
+    them is the sink's memory bound.
+    """
+
+    __slots__ = ("counts", "plans", "usage")
+
+    def __init__(self, minute: int) -> None:
+        self.usage = MinuteUsage(minute)
+        self.counts: dict[str, list[int]] = {}  # identity -> count per tier index
+        self.plans: dict[str, str] = {}
+
+    def add_request(self, identity: str, allowed: bool, count: int, plan: str | None) -> None:
+        self.usage.requests[allowed] += count
+        self.usage.identities[identity] += count
+        if plan is not None:
+            self.plans[identity] = plan
+        self._bound()
+
+    def add_tier(self, identity: str, pair: tuple[str, bool], index: int, count: int) -> None:
+        self.usage.tiers[pair] += count
+        counts = self.counts.get(identity)
+        if counts is None:
+            counts = self.counts[identity] = [0] * (index + 1)
+        elif len(counts) <= index:
+            counts += [0] * (index + 1 - len(counts))
+        counts[index] += count
+        self._bound()
+
+    def _bound(self) -> None:
+        if len(self.usage.identities) <= _TRIM_AT and len(self.counts) <= _TRIM_AT:
+            return
+        # The busiest stay; new dicts, not deletions, since a dict keeps its table.
+        kept = self.usage.identities.most_common(TOP_KEPT)
+        self.usage.identities = Counter(dict(kept))
+        self.counts = {i: self.counts[i] for i, _ in kept if i in self.counts}
+        self.plans = {i: self.plans[i] for i, _ in kept if i in self.plans}
+
+
+class MemoryUsageSink:
+    """In-process sink (the memory backend's companion): one process sees its own usage.
+
+    At most ``HOUR`` minutes, each with at most ``TOP_KEPT`` (plus trimming slack)
+    identities. Minutes older than an hour by ``clock`` are dropped on every
+    flush, also when no traffic came.
+    """
+
+    def __init__(self, clock: Clock = _wall_clock_us) -> None:
+        self.clock = clock
         self._lock = threading.Lock()
-        self._minutes: dict[int, MinuteUsage] = {}
-        self._by_identity: dict[tuple[int, str], Counter[tuple[str, bool]]] = {}
-        self._plans: dict[str, str] = {}
+        self._minutes: dict[int, _Minute] = {}
+        # (tier name, allowed) -> its index in the count lists; names come from
+        # the app's tiers and resources, never from clients, so this stays small.
+        self._index: dict[tuple[str, bool], int] = {}
+        self._pairs: list[tuple[str, bool]] = []
 
     def add(self, batch: Batch, plans: dict[str, str]) -> None:
         """Add a flushed batch of counts and the plans its identities were seen on."""
         with self._lock:
+            first = self.clock() // _US_PER_MINUTE - HOUR + 1  # the oldest minute kept
+            for old in [m for m in self._minutes if m < first]:
+                del self._minutes[old]
             for (minute, identity, tier, allowed), count in batch.items():
-                usage = self._minutes.setdefault(minute, MinuteUsage(minute))
+                held = self._minutes.get(minute)
+                if held is None:
+                    if minute < first:
+                        continue  # aged out before it arrived
+                    held = self._minutes[minute] = _Minute(minute)
                 if tier == REQUESTS:
-                    usage.identities[identity] += count
-                    usage.requests[allowed] += count
+                    held.add_request(identity, allowed, count, plans.get(identity))
                     continue
-                usage.tiers[(tier, allowed)] += count
-                mine = self._by_identity.setdefault((minute, identity), Counter())
-                mine[(tier, allowed)] += count
-            self._plans.update(plans)
-            self._prune(max(self._minutes, default=0))
-
-    def _prune(self, newest: int) -> None:
-        cutoff = newest - HOUR
-        for minute in [m for m in self._minutes if m <= cutoff]:
-            del self._minutes[minute]
-        for key in [k for k in self._by_identity if k[0] <= cutoff]:
-            del self._by_identity[key]
-        for usage in self._minutes.values():
-            if len(usage.identities) > TOP_KEPT:
-                usage.identities = Counter(dict(usage.identities.most_common(TOP_KEPT)))
-        live = {identity for (_, identity) in self._by_identity}
-        self._plans = {k: v for k, v in self._plans.items() if k in live}
+                index = self._index.get((tier, allowed))
+                if index is None:
+                    index = self._index[(tier, allowed)] = len(self._pairs)
+                    self._pairs.append((tier, allowed))
+                held.add_tier(identity, self._pairs[index], index, count)
 
     def minutes(self, last: int, now_minute: int) -> list[MinuteUsage]:
         with self._lock:
-            return [
-                _copy(self._minutes.get(m)) or MinuteUsage(m)
-                for m in range(now_minute - last + 1, now_minute + 1)
-            ]
+            result = []
+            for m in range(now_minute - last + 1, now_minute + 1):
+                held = self._minutes.get(m)
+                result.append(_copy(held.usage) if held is not None else MinuteUsage(m))
+            return result
 
     def identity_minutes(self, identity: str, last: int, now_minute: int) -> list[MinuteUsage]:
         with self._lock:
             result = []
             for m in range(now_minute - last + 1, now_minute + 1):
-                tiers = self._by_identity.get((m, identity), Counter())
-                minute = self._minutes.get(m)
-                requests = minute.identities.get(identity, 0) if minute else 0
-                result.append(MinuteUsage(m, Counter(tiers), Counter({identity: requests})))
+                held = self._minutes.get(m)
+                counts = held.counts.get(identity, []) if held else []
+                tiers = Counter({self._pairs[i]: c for i, c in enumerate(counts) if c})
+                requests = held.usage.identities.get(identity, 0) if held else 0
+                result.append(MinuteUsage(m, tiers, Counter({identity: requests})))
             return result
 
     def plan_of(self, identities: Iterable[str], now_minute: int) -> dict[str, str]:
+        wanted = list(identities)
+        found: dict[str, str] = {}
         with self._lock:
-            return {i: self._plans[i] for i in identities if i in self._plans}
+            for m in range(now_minute - HOUR + 1, now_minute + 1):  # the newest plan wins
+                held = self._minutes.get(m)
+                if held is not None:
+                    found.update((i, held.plans[i]) for i in wanted if i in held.plans)
+        return found
 
 
-def _copy(usage: MinuteUsage | None) -> MinuteUsage | None:
-    if usage is None:
-        return None
+def _copy(usage: MinuteUsage) -> MinuteUsage:
     return MinuteUsage(
         usage.minute, Counter(usage.tiers), Counter(usage.identities), Counter(usage.requests)
     )
 
 
 class RedisUsageSink:
-    """Shared sink in Redis, written with one pipeline per flush.
+    """Shared sink in Redis (single node, Sentinel or Cluster): every worker sees all usage.
 
-    Keys (all with a TTL of a little over an hour):
-    ``{prefix}:usage:{minute}:t`` hash "tier|a"/"tier|d" -> count;
-    ``{prefix}:usage:{minute}:top`` sorted set identity -> requests (trimmed);
-    ``{prefix}:usage:{minute}:id:{identity}`` hash per identity;
-    ``{prefix}:usage:{minute}:plan`` hash identity -> plan.
+    Three keys per minute, however many callers, in one hash slot (the minute
+    is the hash tag) and expiring a little over an hour after the last write.
+    For ``prefix`` "quota" and minute 29000000:
+    ``quota:usage:{29000000}:t`` hash "tier|a"/"tier|d" -> count;
+    ``quota:usage:{29000000}:top`` sorted set identity -> requests, the
+    ``TOP_KEPT`` busiest; ``quota:usage:{29000000}:ids`` hash identity ->
+    JSON plan and tier counts, for the identities in ``top`` only (see
+    ``storage/lua/usage.lua``, which adds and trims in one step).
+    ``connect`` returns the client (a cluster client may be made on first use).
     """
 
-    def __init__(self, client: Any, prefix: str = "quota") -> None:
-        self.client = client
+    def __init__(self, connect: Callable[[], Any], prefix: str, *, clock: Clock | None = None):
+        self.connect = connect
         self.prefix = prefix
+        self.clock = clock or _wall_clock_us
+        self._script: Any = None  # redis-py's Script: hashes the source once
 
-    def _key(self, minute: int, *parts: str) -> str:
-        return ":".join((self.prefix, "usage", str(minute), *parts))
+    def _keys(self, minute: int) -> tuple[str, str, str]:
+        base = f"{self.prefix}:usage:{{{minute}}}"  # hash tag: one slot per minute
+        return f"{base}:t", f"{base}:top", f"{base}:ids"
 
     def add(self, batch: Batch, plans: dict[str, str]) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        touched: set[str] = set()
-        per_identity: Counter[tuple[int, str]] = Counter()
+        if not batch:
+            return  # Redis expires old minutes by itself
+        totals: defaultdict[int, Counter[str]] = defaultdict(Counter)
+        requests: defaultdict[int, Counter[str]] = defaultdict(Counter)
+        tiers: defaultdict[int, defaultdict[str, dict[str, int]]] = defaultdict(
+            lambda: defaultdict(dict)
+        )
         for (minute, identity, tier, allowed), count in batch.items():
-            field_name = f"{tier}|{'a' if allowed else 'd'}"
-            if tier == REQUESTS:  # whole requests: per minute, and per identity in the top list
-                per_identity[(minute, identity)] += count
-                pipe.hincrby(self._key(minute, "t"), field_name, count)
-                touched.add(self._key(minute, "t"))
-                continue
-            for key in (self._key(minute, "t"), self._key(minute, "id", identity)):
-                pipe.hincrby(key, field_name, count)
-                touched.add(key)
-        for (minute, identity), count in per_identity.items():
-            top = self._key(minute, "top")
-            pipe.zincrby(top, count, identity)
-            touched.add(top)
-            if identity in plans:
-                plan_key = self._key(minute, "plan")
-                pipe.hset(plan_key, identity, plans[identity])
-                touched.add(plan_key)
-        for minute in {minute for (minute, _) in per_identity}:
-            # Keep the top list bounded: only the busiest identities matter to the dashboard.
-            pipe.zremrangebyrank(self._key(minute, "top"), 0, -TOP_KEPT - 1)
-        for key in touched:
-            pipe.expire(key, TTL_SECONDS)
-        pipe.execute()
+            name = f"{tier}|{'a' if allowed else 'd'}"
+            totals[minute][name] += count
+            if tier == REQUESTS:
+                requests[minute][identity] += count
+            else:
+                tiers[minute][identity][name] = count  # each (identity, name) once per batch
+        client = self.connect()
+        for minute in totals:
+            who = list(requests[minute].keys() | tiers[minute].keys())
+            for start in range(0, len(who), _CHUNK):
+                args: list[Any] = [TTL_SECONDS, TOP_KEPT]
+                if start == 0:
+                    args += [len(totals[minute]), *_flat(totals[minute].items())]
+                else:
+                    args.append(0)
+                for identity in who[start : start + _CHUNK]:
+                    args += [
+                        identity,
+                        requests[minute][identity],
+                        plans.get(identity, ""),
+                        json.dumps(tiers[minute].get(identity, {})),
+                    ]
+                self._run(client, self._keys(minute), args)
+
+    def _run(self, client: Any, keys: tuple[str, ...], args: list[Any]) -> Any:
+        if self._script is None:
+            source = resources.files(__package__).joinpath("storage", "lua", "usage.lua")
+            self._script = client.register_script(source.read_text("utf-8"))
+        return self._script(keys, args, client=client)
 
     def minutes(self, last: int, now_minute: int) -> list[MinuteUsage]:
         span = range(now_minute - last + 1, now_minute + 1)
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self.connect().pipeline(transaction=False)
         for m in span:
-            pipe.hgetall(self._key(m, "t"))
-            pipe.zrevrange(self._key(m, "top"), 0, 99, withscores=True)
+            totals, top, _ = self._keys(m)
+            pipe.hgetall(totals)
+            pipe.zrevrange(top, 0, 99, withscores=True)
         replies = pipe.execute()
         result = []
         for i, m in enumerate(span):
@@ -193,32 +303,38 @@ class RedisUsageSink:
 
     def identity_minutes(self, identity: str, last: int, now_minute: int) -> list[MinuteUsage]:
         span = range(now_minute - last + 1, now_minute + 1)
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self.connect().pipeline(transaction=False)
         for m in span:
-            pipe.hgetall(self._key(m, "id", identity))
-            pipe.zscore(self._key(m, "top"), identity)
+            _, top, ids = self._keys(m)
+            pipe.hget(ids, identity)
+            pipe.zscore(top, identity)
         replies = pipe.execute()
         result = []
         for i, m in enumerate(span):
+            entry = json.loads(replies[2 * i]) if replies[2 * i] else {}
             requests = int(replies[2 * i + 1] or 0)
-            result.append(
-                MinuteUsage(m, _tier_counts(replies[2 * i]), Counter({identity: requests}))
-            )
+            tiers = _tier_counts(entry.get("c") or {})
+            result.append(MinuteUsage(m, tiers, Counter({identity: requests})))
         return result
 
     def plan_of(self, identities: Iterable[str], now_minute: int) -> dict[str, str]:
         wanted = list(identities)
         if not wanted:
             return {}
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self.connect().pipeline(transaction=False)
         for m in range(now_minute - HOUR + 1, now_minute + 1):
-            pipe.hmget(self._key(m, "plan"), wanted)
+            pipe.hmget(self._keys(m)[2], wanted)
         plans: dict[str, str] = {}
         for values in pipe.execute():  # oldest first, so the newest plan wins
-            for identity, plan in zip(wanted, values, strict=True):
-                if plan is not None:
-                    plans[identity] = _text(plan)
+            for identity, raw in zip(wanted, values, strict=True):
+                plan = json.loads(raw).get("p") if raw else None
+                if isinstance(plan, str):
+                    plans[identity] = plan
         return plans
+
+
+def _flat(pairs: Iterable[tuple[str, int]]) -> list[Any]:
+    return [item for pair in pairs for item in pair]
 
 
 def _text(value: bytes | str) -> str:
@@ -233,29 +349,18 @@ def _tier_counts(raw: dict[Any, Any]) -> Counter[tuple[str, bool]]:
     return counts
 
 
-def usage_sink(storage: Any, prefix: str) -> UsageSink:
-    """Redis-backed storages share usage through Redis; otherwise it stays in-process."""
-    client = getattr(storage, "client", None)
-    if client is not None and hasattr(client, "pipeline"):
-        return RedisUsageSink(client, prefix)
-    return MemoryUsageSink()
-
-
 class UsageRecorder:
-    """Aggregates per-request outcomes in-process and flushes them in the background."""
+    """Aggregates per-request outcomes in-process and flushes them in the background.
 
-    def __init__(
-        self,
-        sink: UsageSink,
-        *,
-        interval: float = 1.0,
-        max_pending: int = 50_000,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+    Counts are stamped with the sink's clock (the storage's), so a test that
+    freezes the storage's clock moves usage with it. At most ``max_pending``
+    counts wait for a flush; more are dropped, never held.
+    """
+
+    def __init__(self, sink: UsageSink, *, interval: float = 1.0, max_pending: int = 50_000):
         self.sink = sink
         self.interval = interval
         self.max_pending = max_pending
-        self._clock = clock
         self._lock = threading.Lock()
         self._pending: Batch = {}
         self._plans: dict[str, str] = {}
@@ -264,7 +369,7 @@ class UsageRecorder:
 
     def record(self, identity: str, plan: str, outcomes: Iterable[tuple[str, bool]]) -> None:
         """Count one request: ``outcomes`` is (tier name, allowed) per applied tier."""
-        minute = int(self._clock() // 60)
+        minute = self.sink.clock() // _US_PER_MINUTE
         with self._lock:
             if len(self._pending) >= self.max_pending:
                 self._dropped += 1  # the sink is unreachable or slow; drop, never grow
@@ -281,12 +386,13 @@ class UsageRecorder:
             self._start()
 
     def flush(self) -> None:
+        """Hand the pending counts to the sink (also when there are none: it may age out)."""
         with self._lock:
             batch, plans, self._pending, self._plans = self._pending, self._plans, {}, {}
-        if batch:
-            try:
-                self.sink.add(batch, plans)
-            except Exception as exc:  # the dashboard's data may lag; requests must not care
+        try:
+            self.sink.add(batch, plans)
+        except Exception as exc:  # the dashboard's data may lag; requests must not care
+            if batch:  # an empty flush lost nothing: no log line every second while down
                 log.warning("flask-quota: usage flush failed (%s); %d counts lost", exc, len(batch))
 
     def _start(self) -> None:

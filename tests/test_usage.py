@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import gc
+import time
+import tracemalloc
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +15,13 @@ import redis
 from flask import Flask
 
 from flask_quota import Quota
+from flask_quota.breaker import CircuitBreaker
+from flask_quota.denycache import DenyCache
+from flask_quota.failover import GuardedStorage
+from flask_quota.keys import remote_ip_tag
+from flask_quota.settings import FailMode
 from flask_quota.storage import MemoryStorage
+from flask_quota.storage.cluster import ClusterStorage
 from flask_quota.storage.redis import RedisStorage
 from flask_quota.testing import FrozenClock
 from flask_quota.usage import (
@@ -22,30 +32,31 @@ from flask_quota.usage import (
     RedisUsageSink,
     UsageRecorder,
     UsageSink,
+    usage_sink,
 )
 from tests.servers import RedisServer
 from tests.test_redis import CountingConnection, counting_client
 
 
 @pytest.fixture(params=["memory", "redis"])
-def sink(request: pytest.FixtureRequest) -> UsageSink:
+def sink(request: pytest.FixtureRequest, clock: FrozenClock) -> UsageSink:
+    """Each storage's own sink, on the test's clock."""
     if request.param == "memory":
-        return MemoryUsageSink()
+        return usage_sink(MemoryStorage(clock), "quota")
     client: redis.Redis = request.getfixturevalue("redis_client")
-    return RedisUsageSink(client, "quota")
+    return usage_sink(RedisStorage(client, clock=clock), "quota")
 
 
-def test_counts_per_minute_tier_and_identity(sink: UsageSink) -> None:
+def test_counts_per_minute_tier_and_identity(sink: UsageSink, clock: FrozenClock) -> None:
     """Recorded outcomes come back per minute, per tier and per identity."""
-    now = [600_000.0]
-    recorder = UsageRecorder(sink, clock=lambda: now[0])
+    recorder = UsageRecorder(sink)
     for _ in range(3):
         recorder.record("id=ada", "pro", [("global", True), ("user", True)])
     recorder.record("ip=1.2.3.4", "free", [("user", False)])
-    now[0] += 60
+    clock.advance(60)
     recorder.record("id=ada", "pro", [("ai_inference", False)])
     recorder.flush()
-    minute = int(now[0] // 60)
+    minute = int(clock.seconds // 60)
     first, second = sink.minutes(2, minute)
     assert first.tiers == Counter({("global", True): 3, ("user", True): 3, ("user", False): 1})
     assert first.identities == Counter({"id=ada": 3, "ip=1.2.3.4": 1})  # requests
@@ -57,35 +68,95 @@ def test_counts_per_minute_tier_and_identity(sink: UsageSink) -> None:
         Counter({("global", True): 3, ("user", True): 3}),
         Counter({("ai_inference", False): 1}),
     ]
+    assert [m.identities for m in ada] == [Counter({"id=ada": 3}), Counter({"id=ada": 1})]
     assert sink.plan_of(["id=ada", "ip=1.2.3.4", "id=nobody"], minute) == {
         "id=ada": "pro",
         "ip=1.2.3.4": "free",
     }
 
 
-def test_memory_sink_keeps_one_hour() -> None:
-    """Minutes older than an hour are dropped, with their identities."""
-    sink = MemoryUsageSink()
-    sink.add({(0, "id=old", "user", True): 1}, {"id=old": "free"})
-    sink.add({(HOUR + 1, "id=new", "user", True): 1}, {"id=new": "free"})
-    assert sink.minutes(1, 0)[0].tiers == Counter()
-    assert sink.plan_of(["id=old", "id=new"], HOUR + 1) == {"id=new": "free"}
+def test_memory_sink_keeps_one_hour(clock: FrozenClock) -> None:
+    """Minutes older than an hour are dropped, with their identities, also without traffic."""
+    sink = MemoryUsageSink(clock)
+    minute = int(clock.seconds // 60)
+    sink.add({(minute, "id=old", REQUESTS, True): 1}, {"id=old": "free"})
+    clock.advance(HOUR * 60)
+    sink.add({(minute + HOUR, "id=new", REQUESTS, True): 1}, {"id=new": "free"})
+    assert sink.minutes(1, minute)[0].requests == Counter()
+    assert sink.plan_of(["id=old", "id=new"], minute + HOUR) == {"id=new": "free"}
+    clock.advance(HOUR * 60)
+    sink.add({}, {})  # the recorder's flush with nothing to say
+    assert sink.plan_of(["id=new"], minute + HOUR) == {}
 
 
-def test_redis_sink_bounds_its_keys(redis_client: redis.Redis) -> None:
-    """Every usage key has a TTL and the per-minute top list is trimmed."""
-    sink = RedisUsageSink(redis_client, "quota")
-    batch = {(7, f"id={i}", REQUESTS, True): i + 1 for i in range(TOP_KEPT + 50)}
+def test_each_minute_keeps_its_busiest_identities(sink: UsageSink, clock: FrozenClock) -> None:
+    """Past TOP_KEPT identities a minute, the quiet ones are forgotten; totals stay exact."""
+    minute = int(clock.seconds // 60)
+    batch = {(minute, f"id={i}", REQUESTS, True): i + 1 for i in range(2 * TOP_KEPT)}
+    batch |= {(minute, f"id={i}", "user", True): i + 1 for i in range(2 * TOP_KEPT)}
+    sink.add(batch, {f"id={i}": "free" for i in range(2 * TOP_KEPT)})
+    (usage,) = sink.minutes(1, minute)
+    assert usage.requests[True] == usage.tiers[("user", True)] == sum(range(1, 2 * TOP_KEPT + 1))
+    busiest = f"id={2 * TOP_KEPT - 1}"
+    assert usage.identities.most_common(1) == [(busiest, 2 * TOP_KEPT)]
+    assert sink.identity_minutes(busiest, 1, minute)[0].tiers == {("user", True): 2 * TOP_KEPT}
+    assert sink.identity_minutes("id=0", 1, minute)[0].tiers == Counter()
+    assert sink.plan_of([busiest, "id=0"], minute) == {busiest: "free"}
+
+
+def test_redis_sink_bounds_its_keys(redis_client: redis.Redis, clock: FrozenClock) -> None:
+    """Three keys a minute, each with a TTL; the top list and its details are trimmed."""
+    sink = usage_sink(RedisStorage(redis_client, clock=clock), "quota")
+    minute = int(clock.seconds // 60)
+    batch = {(minute, f"id={i}", REQUESTS, True): i + 1 for i in range(TOP_KEPT + 50)}
+    batch |= {(minute, f"id={i}", "user", True): 1 for i in range(TOP_KEPT + 50)}
     sink.add(batch, {})
-    assert redis_client.zcard("quota:usage:7:top") == TOP_KEPT
-    assert redis_client.zrevrange("quota:usage:7:top", 0, 0) == [f"id={TOP_KEPT + 49}".encode()]
+    base = f"quota:usage:{{{minute}}}"
+    assert sorted(redis_client.keys("quota:usage:*")) == sorted(
+        f"{base}:{part}".encode() for part in ("t", "top", "ids")
+    )
+    assert redis_client.zcard(f"{base}:top") == redis_client.hlen(f"{base}:ids") == TOP_KEPT
+    assert redis_client.zrevrange(f"{base}:top", 0, 0) == [f"id={TOP_KEPT + 49}".encode()]
+    assert not redis_client.hexists(f"{base}:ids", "id=0")
     keys = redis_client.keys("quota:usage:*")
-    assert keys and all(0 < redis_client.ttl(key) <= (HOUR + 5) * 60 for key in keys)
+    assert all(0 < redis_client.ttl(key) <= (HOUR + 1) * 60 for key in keys)
+
+
+def test_each_storage_names_its_sink(redis_client: redis.Redis) -> None:
+    """Usage lives where the storage says: in-process for memory, in Redis for Redis and
+    Cluster; the deny cache and the fail-mode guard pass their storage's sink through."""
+    redis_storage = RedisStorage(redis_client)
+    guard = GuardedStorage(redis_storage, FailMode.OPEN, CircuitBreaker("redis", cooldown=1))
+    assert isinstance(usage_sink(MemoryStorage(), "quota"), MemoryUsageSink)
+    assert isinstance(usage_sink(redis_storage, "quota"), RedisUsageSink)
+    assert isinstance(usage_sink(DenyCache(redis_storage), "quota"), RedisUsageSink)
+    assert isinstance(usage_sink(guard, "quota"), RedisUsageSink)
+    assert isinstance(usage_sink(DenyCache(MemoryStorage()), "quota"), MemoryUsageSink)
+    cluster = ClusterStorage.from_url("redis+cluster://127.0.0.1:1", timeout=0.1)
+    assert isinstance(usage_sink(cluster, "quota"), RedisUsageSink)
+
+
+def test_a_storage_without_a_sink_keeps_usage_in_process() -> None:
+    """A storage that hosts no usage (say, the app's own backend) gets an in-process sink."""
+
+    class Plain:
+        name = "plain"
+
+    assert isinstance(usage_sink(Plain(), "quota"), MemoryUsageSink)
+
+
+def test_an_unreachable_cluster_costs_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """The cluster sink connects on its first flush, not at start-up; failing, it logs."""
+    cluster = ClusterStorage.from_url("redis+cluster://127.0.0.1:1", timeout=0.1)
+    recorder = UsageRecorder(usage_sink(cluster, "quota"), interval=3600)
+    recorder.record("id=a", "free", [("user", True)])
+    recorder.flush()
+    assert "usage flush failed" in caplog.text
 
 
 def test_pending_counts_are_bounded() -> None:
     """When the sink cannot keep up, the recorder drops counts instead of growing."""
-    recorder = UsageRecorder(MemoryUsageSink(), max_pending=10, clock=lambda: 0.0)
+    recorder = UsageRecorder(MemoryUsageSink(), max_pending=10)
     recorder._thread_pid = -1  # keep the flusher off; nothing drains
     recorder._start = lambda: None  # type: ignore[method-assign]
     for i in range(100):
@@ -101,7 +172,7 @@ def test_failing_sink_does_not_raise() -> None:
         def add(self, batch: Any, plans: dict[str, str]) -> None:
             raise redis.ConnectionError("down")
 
-    recorder = UsageRecorder(Broken(), clock=lambda: 0.0)
+    recorder = UsageRecorder(Broken())
     recorder.record("id=a", "free", [("user", True)])
     recorder.flush()
     assert recorder._pending == {}
@@ -120,16 +191,15 @@ def dashboard_app(tmp_path: Path, storage: Any, **config: Any) -> Flask:
     return app
 
 
-def test_app_records_admitted_and_denied_requests(tmp_path: Path) -> None:
-    """With the dashboard on, each request is counted once: allowed, or denied by its tier."""
-    app = dashboard_app(tmp_path, MemoryStorage(FrozenClock()), QUOTA_DASHBOARD_URL="/quota")
+def test_app_records_admitted_and_denied_requests(tmp_path: Path, clock: FrozenClock) -> None:
+    """With the dashboard on, each request is counted once: allowed, or denied by its tier,
+    in the minute the storage's clock says."""
+    app = dashboard_app(tmp_path, MemoryStorage(clock), QUOTA_DASHBOARD_URL="/quota")
     http = app.test_client()
     assert [http.get("/items").status_code for _ in range(3)] == [200, 200, 429]
     usage = app.extensions["quota"].usage
     usage.flush()
-    import time
-
-    minute = int(time.time() // 60)
+    minute = int(clock.seconds // 60)
     totals = sum((m.tiers for m in usage.sink.minutes(2, minute)), Counter())
     assert totals == Counter({("user", True): 2, ("user", False): 1})
 
@@ -150,3 +220,136 @@ def test_recording_adds_no_round_trip(tmp_path: Path, redis_server: RedisServer)
         before = CountingConnection.sent
         http.get("/items")
         assert CountingConnection.sent - before == 1
+
+
+# -- a flood of unique callers ----------------------------------------------------
+
+MB = 1024 * 1024
+# Through the test client a request costs 1 to 7 ms under tracemalloc on a busy
+# 2-core box, so the app sees 5k new IPs; 200k go through the recorder directly.
+FLOOD = 5_000
+
+
+def _ip(i: int) -> str:
+    return f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"
+
+
+@pytest.fixture
+def traced() -> Iterator[Callable[[], int]]:
+    """Bytes the Python allocator holds for objects made since the test began (tracemalloc).
+
+    Python-level, not RSS: freed memory may stay in the process's arenas, which
+    says nothing about whether we still hold it."""
+    tracemalloc.start()
+    try:
+
+        def current() -> int:
+            gc.collect()
+            return tracemalloc.get_traced_memory()[0]
+
+        yield current
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_flood_of_unique_identities_stays_bounded_and_ages_out(
+    traced: Callable[[], int],
+) -> None:
+    """200k unique identities through recorder and memory sink: usage memory stays bounded
+    while they come, and goes back to its pre-flood size once they aged out (no traffic)."""
+    clock = FrozenClock()
+    recorder = UsageRecorder(usage_sink(MemoryStorage(clock), "quota"), interval=3600)
+    outcomes = [("global", True), ("user", True)]
+    recorder.record("ip=10.255.0.1", "free", outcomes)  # warm: the flusher thread exists
+    recorder.flush()
+    clock.advance((HOUR + 1) * 60)
+    recorder.flush()
+    before = traced()
+    for i in range(200_000):  # 1000 new callers a second for 200 s, flushed every second
+        recorder.record("ip=" + _ip(i), "free", outcomes)
+        if i % 1000 == 999:
+            recorder.flush()
+            clock.advance(1)
+    recorder.flush()
+    during = traced() - before
+    clock.advance((HOUR + 1) * 60)  # no traffic for an hour: the flusher alone ages it out
+    recorder.flush()
+    after = traced()
+    assert during < 16 * MB, f"usage grew by {during / MB:.1f} MB under the flood"
+    assert after - before < 64 * 1024, (
+        f"{(after - before) / 1024:.0f} KiB still held an hour after the flood"
+        f" (pre-flood {before / 1024:.0f} KiB)"
+    )
+
+
+def test_a_flush_costs_what_changed_not_what_is_held() -> None:
+    """With 200k identities counted this minute, flushing one more count is still quick."""
+    clock = FrozenClock()
+    sink = usage_sink(MemoryStorage(clock), "quota")
+    minute = int(clock.seconds // 60)
+    sink.add({(minute, "ip=" + _ip(i), REQUESTS, True): 1 for i in range(200_000)}, {})
+    sink.add({(minute, "ip=" + _ip(i), "user", True): 1 for i in range(200_000)}, {})
+    timings = []
+    for i in range(21):
+        start = time.perf_counter()
+        sink.add({(minute, f"ip=10.255.1.{i}", "user", True): 1}, {})
+        timings.append(time.perf_counter() - start)
+    # The fastest of 21: the work is the same each time, so this is the work, not the load.
+    assert min(timings) < 0.005, f"a one-count flush took {min(timings):.4f} s at best"
+
+
+def test_a_flood_through_the_app_ages_out_of_memory(
+    tmp_path: Path, traced: Callable[[], int]
+) -> None:
+    """Unique IPs through the test client (dashboard on, memory storage): once the flood has
+    aged out, the process holds within 20% of what it held before (tracemalloc)."""
+    clock = FrozenClock()
+    app = dashboard_app(tmp_path, MemoryStorage(clock), QUOTA_DASHBOARD_URL="/quota")
+    http = app.test_client()
+    usage = app.extensions["quota"].usage
+
+    def serve(ips: range) -> None:
+        for i in ips:
+            http.get("/items", environ_base={"REMOTE_ADDR": _ip(i)})
+            if i % 500 == 499:
+                usage.flush()
+                clock.advance(1)
+
+    def age_out() -> None:
+        clock.advance((HOUR + 2) * 60)
+        http.get("/items", environ_base={"REMOTE_ADDR": "10.255.255.255"})
+        usage.flush()
+
+    # An app that has served traffic: its bounded cache of parsed client addresses
+    # is full (of entries made while traced), and that traffic has aged out.
+    for i in range(remote_ip_tag.cache_info().maxsize or 0):
+        remote_ip_tag(f"198.18.{i >> 8}.{i & 255}")
+    serve(range(200_000, 200_100))
+    age_out()
+    before = traced()
+    serve(range(FLOOD))
+    age_out()
+    after = traced()
+    assert after <= 1.2 * before, (
+        f"{after / MB:.1f} MB held after the flood aged out, {before / MB:.1f} MB before"
+    )
+
+
+def test_redis_usage_keys_are_bounded_for_50k_callers(redis_client: redis.Redis) -> None:
+    """50k unique callers in a minute leave a fixed number of small usage keys, not one each."""
+    clock = FrozenClock()
+    recorder = UsageRecorder(usage_sink(RedisStorage(redis_client, clock=clock), "quota"))
+    for i in range(50_000):
+        recorder.record("ip=" + _ip(i), "free", [("global", True), ("user", True)])
+        if i % 5000 == 4999:
+            recorder.flush()
+    recorder.flush()
+    minute = int(clock.seconds // 60)
+    assert redis_client.hget(f"quota:usage:{{{minute}}}:t", "*|a") == b"50000"  # totals exact
+    keys = redis_client.keys("quota:usage:*")
+    assert len(keys) == 3  # per minute, whatever the number of callers
+    for key in keys:
+        kind = redis_client.type(key)
+        size = redis_client.hlen(key) if kind == b"hash" else redis_client.zcard(key)
+        assert size <= TOP_KEPT
+        assert 0 < redis_client.ttl(key) <= (HOUR + 1) * 60

@@ -28,6 +28,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 from redis.retry import Retry
 
 from ..algorithms import Outcome
+from ..usage import RedisUsageSink, UsageSink
 from .base import BlockEntry, Check, Clock, StorageError, Verdict, wall_clock_us, wraps_errors
 from .redis import (
     CHARGE_SCRIPT,
@@ -289,6 +290,10 @@ class ClusterStorage:
             elif isinstance(reply, (redis.ConnectionError, redis.TimeoutError, OSError)):
                 self._stale = True
         return replies
+
+    def usage_sink(self, prefix: str) -> UsageSink:
+        """Dashboard usage in the cluster, shared by every worker; connects on first use."""
+        return RedisUsageSink(lambda: self._connected()[0], prefix, clock=self._clock)
 
 
 def slot_groups(checks: Sequence[Check]) -> list[list[int]]:

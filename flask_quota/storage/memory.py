@@ -10,6 +10,7 @@ from typing import Any
 
 from ..adjust import CHARGES, REFUNDS, Change
 from ..algorithms import ALGORITHMS, Algorithm, Step
+from ..usage import MemoryUsageSink, UsageSink
 from .base import BlockEntry, Check, Clock, Verdict, wall_clock_us
 
 __all__ = ["MemoryStorage"]
@@ -179,3 +180,7 @@ class MemoryStorage:
             self._data = dict(data)
             self._slots = dict(self._slots)
             self._high = len(data)
+
+    def usage_sink(self, prefix: str) -> UsageSink:
+        """Dashboard usage stays in this process, on this storage's clock."""
+        return MemoryUsageSink(clock=self._clock)

@@ -12,6 +12,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..algorithms import Outcome
+from ..usage import RedisUsageSink, UsageSink
 from .base import BlockEntry, Check, Clock, Verdict, wraps_errors
 
 __all__ = [
@@ -155,6 +156,10 @@ class RedisStorage:
             args += [check.algorithm.code, rate.limit, rate.window_us, rate.capacity, check.cost]
         reply = self._script(keys=[c.key for c in checks], args=args)
         return parse_reply(reply, checks)
+
+    def usage_sink(self, prefix: str) -> UsageSink:
+        """Dashboard usage in this Redis, shared by every worker (Sentinel inherits it)."""
+        return RedisUsageSink(lambda: self.client, prefix, clock=self._clock)
 
 
 def read_blocks(client: Any, keys: list[Any]) -> list[BlockEntry]:

@@ -1,0 +1,110 @@
+"""Dashboard usage on shared backends: every process sees every process's counts.
+
+Real servers, started once for this module: a six-node Redis Cluster (three
+masters, three replicas) and a Sentinel group (master, replica, three
+sentinels). The other process is a real one: a Python subprocess serving its
+own app on the same storage URL.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from flask import Flask
+
+from flask_quota import Quota
+from tests.cluster import REDIS_CLI, Cluster
+from tests.conftest import _need_redis
+from tests.sentinel import SentinelGroup
+from tests.servers import ROOT
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+# argv: storage URL, instance folder, key prefix, client address
+OTHER_PROCESS = """
+import sys
+from flask import Flask
+from flask_quota import Quota
+
+url, folder, prefix, address = sys.argv[1:]
+app = Flask("other", instance_path=folder)
+app.secret_key = "other"
+app.config.update(
+    QUOTA_STORAGE_URL=url,
+    QUOTA_STORAGE_TIMEOUT=2,
+    QUOTA_KEY_PREFIX=prefix,
+    QUOTA_DASHBOARD_URL="/quota",
+    QUOTA_DATABASE_URL=f"sqlite:///{folder}/quota.sqlite3",
+    QUOTA_PLANS={"free": {"user": "100/hour"}},
+)
+Quota(app)
+app.add_url_rule("/items", "items", lambda: "ok")
+assert app.test_client().get("/items", environ_base={"REMOTE_ADDR": address}).status_code == 200
+app.extensions["quota"].usage.flush()
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    _need_redis()
+    if REDIS_CLI is None:
+        pytest.skip("redis-cli not installed")
+    nodes = Cluster(tmp_path_factory.mktemp("cluster"))
+    yield nodes
+    nodes.stop()
+
+
+@pytest.fixture(scope="module")
+def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelGroup]:
+    _need_redis()
+    group = SentinelGroup(tmp_path_factory.mktemp("sentinel"))
+    yield group
+    group.stop()
+
+
+def app_on(url: str, folder: Path, prefix: str) -> Flask:
+    folder.mkdir(parents=True)
+    app = Flask(__name__, instance_path=str(folder))
+    app.secret_key = "here"
+    app.config.update(
+        QUOTA_STORAGE_URL=url,
+        QUOTA_STORAGE_TIMEOUT=2,
+        QUOTA_KEY_PREFIX=prefix,
+        QUOTA_DASHBOARD_URL="/quota",
+        QUOTA_DATABASE_URL=f"sqlite:///{folder}/quota.sqlite3",
+        QUOTA_PLANS={"free": {"user": "100/hour"}},
+    )
+    Quota(app)
+    app.add_url_rule("/items", "items", lambda: "ok")
+    return app
+
+
+@pytest.mark.parametrize("backend", ["cluster", "sentinel"])
+def test_usage_is_shared_between_processes(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A request served by another process shows in this process's usage, as does its own."""
+    url = request.getfixturevalue(backend).url
+    prefix = f"shared-{uuid.uuid4().hex[:8]}"
+    app = app_on(url, tmp_path / "here", prefix)
+    http = app.test_client()
+    assert http.get("/items", environ_base={"REMOTE_ADDR": "192.0.2.1"}).status_code == 200
+    usage = app.extensions["quota"].usage
+    usage.flush()
+    (tmp_path / "there").mkdir()
+    other = [sys.executable, "-c", OTHER_PROCESS, url, str(tmp_path / "there"), prefix, "192.0.2.2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(other, cwd=ROOT, env=env, check=True, timeout=120)
+    minute = int(time.time() // 60)
+    minutes = usage.sink.minutes(2, minute)  # the two requests may straddle a minute
+    assert sum((m.identities for m in minutes), Counter()) == {"ip=192.0.2.1": 1, "ip=192.0.2.2": 1}
+    assert sum((m.tiers for m in minutes), Counter()) == {("user", True): 2}
+    assert usage.sink.plan_of(["ip=192.0.2.2"], minute) == {"ip=192.0.2.2": "free"}
