@@ -17,7 +17,6 @@ from typing import Any
 
 from flask import (
     Response,
-    abort,
     current_app,
     flash,
     g,
@@ -79,10 +78,7 @@ def _status(exc: AdminError) -> int:
 
 
 def admin() -> QuotaAdmin:
-    state = get_state()
-    if state.sql is None:
-        abort(404)
-    return QuotaAdmin(state.sql, actor=f"dashboard:{g.quota_operator}")
+    return QuotaAdmin(get_state().sql, actor=f"dashboard:{g.quota_operator}")
 
 
 def _field(name: str) -> str:

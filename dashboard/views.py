@@ -109,7 +109,7 @@ def make_blueprint() -> Blueprint:
 
     @bp.app_context_processor
     def helpers() -> dict[str, Any]:
-        return {"quota_csrf_token": generate_csrf, "sql_on": get_state().sql is not None}
+        return {"quota_csrf_token": generate_csrf}
 
     @bp.context_processor
     def storage_status() -> dict[str, Any]:
