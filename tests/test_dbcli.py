@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
 import pytest
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
@@ -60,7 +61,10 @@ class Project:
             db = SQLAlchemy(app)
         else:
             app.config["QUOTA_DATABASE_URL"] = self.url
-        Quota(app, db=db)
+        # As in a `flask` process, the app is made inside the command's click context
+        # (where the SQL store never starts on its own: migrations find it untouched).
+        with click.Context(click.Command("flask")):
+            Quota(app, db=db)
         try:
             yield app
         finally:
