@@ -89,8 +89,9 @@ _ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 def multiprocess_dir() -> str | None:
     """The multiprocess directory from the environment, or ``None`` (one process)."""
-    # prometheus_client also honours the older lower-case name.
-    return os.environ.get(_ENV) or os.environ.get(_ENV.lower()) or None
+    # As prometheus_client reads it: set (even empty) means multiprocess; the older
+    # lower-case name counts too.
+    return os.environ.get(_ENV, os.environ.get(_ENV.lower()))
 
 
 def gunicorn_child_exit(server: Any, worker: Any) -> None:
