@@ -47,8 +47,11 @@ class DenyCache:
     change is never answered from a stale denial. ``forget()`` drops every local
     denial: each worker calls it when the SQL version moves, which resets,
     unblocks and plan changes all bump (see ``SqlStore.on_change``).
-    At most ``max_keys`` keys are remembered.
+    At most ``max_keys`` keys are remembered. ``on_hit()``, when set, is called for
+    every decision answered here (the metrics count them).
     """
+
+    on_hit: Callable[[], None] | None = None
 
     def __init__(
         self,
@@ -72,6 +75,8 @@ class DenyCache:
         cached = self._cached(checks, now)
         if cached is not None:
             self.hits += 1
+            if self.on_hit is not None:
+                self.on_hit()
             return cached
         verdict = self.storage.decide(checks)
         if not verdict.allowed:

@@ -33,6 +33,8 @@ from .usage import UsageRecorder, usage_sink
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
 
+    from .metrics import QuotaMetrics
+
 __all__ = ["Quota"]
 
 log = logging.getLogger("flask_quota")
@@ -105,7 +107,8 @@ class Quota:
             cooldown=settings.breaker_cooldown,
             threshold=settings.breaker_threshold,
         )
-        breaker.on_change = _storage_signals(app)
+        metrics = _metrics(settings)
+        breaker.on_change = _storage_signals(app, metrics)
         # Plans, API keys and overrides come from SQL: the host's `db`, or our own
         # engine for QUOTA_DATABASE_URL (a SQLite file in the instance folder by default).
         sql = SqlStore(settings, db=self._db, instance_path=app.instance_path)
@@ -117,6 +120,8 @@ class Quota:
             # A reset, an unblock or a plan change anywhere bumps the SQL version:
             # then this worker's cached denials may be stale, so they go.
             sql.on_change(storage.forget)
+            if metrics is not None:
+                storage.on_hit = metrics.deny_cache_hit
         app.extensions["quota"] = QuotaState(
             quota=self,
             settings=settings,
@@ -125,6 +130,7 @@ class Quota:
             policy=Policy(KeyBuilder(settings.key_prefix), settings.algorithm),
             sql=sql,
             usage=usage,
+            metrics=metrics,
         )
         sql.autostart(app, needed=settings.dashboard_url is not None)
         app.before_request(self._before_request)
@@ -133,6 +139,8 @@ class Quota:
             from .dashboard import make_blueprint  # the dashboard is loaded only when mounted
 
             app.register_blueprint(make_blueprint(), url_prefix=settings.dashboard_url)
+        if metrics is not None and settings.metrics_url is not None:
+            app.add_url_rule(settings.metrics_url, "flask_quota_metrics", _metrics_view(metrics))
         if self._api_key_loader is None:
             self._api_key_loader = _sql_api_key  # a loader registered later replaces it
         from .cli import quota_cli  # cli.py imports this module
@@ -358,11 +366,18 @@ class Quota:
             return
         # The caller's block is read in the same storage call as its tiers.
         gate = blocks.gate_check(state.policy.keys, tag)
-        verdict = state.guard.decide([gate, *[c.check for c in checks]])
+        calls = [gate, *[c.check for c in checks]]
+        metrics = state.metrics
+        if metrics is None:
+            verdict = state.guard.decide(calls)
+        else:
+            verdict = metrics.decide(state.guard, calls, checks, plan.name)
         if verdict is None:  # storage down, failing open
             return
-        blocked, verdict = blocks.split(verdict, 1)
-        decision = Decision.from_verdict(plan.name, checks, verdict)
+        blocked, tiers = blocks.split(verdict, 1)
+        decision = Decision.from_verdict(plan.name, checks, tiers)
+        if metrics is not None:
+            metrics.decided(decision, verdict, blocked=blocked is not None)
         if blocked is not None:
             raise CallerBlocked(decision, blocked)
         scope = g._get_current_object()
@@ -445,11 +460,42 @@ class Quota:
         return decision
 
 
-def _storage_signals(app: Flask) -> Callable[[BaseException | None], None]:
-    """The breaker's ``on_change``: ``storage_failed`` / ``storage_recovered`` for ``app``."""
+def _metrics(settings: Settings) -> QuotaMetrics | None:
+    """The app's metrics with ``QUOTA_METRICS_URL``; only then is prometheus_client imported."""
+    if settings.metrics_url is None:
+        return None
+    try:
+        from .metrics import QuotaMetrics
+    except ImportError as exc:
+        if not (exc.name or "").startswith("prometheus_client"):
+            raise
+        raise ValueError(
+            f"QUOTA_METRICS_URL={settings.metrics_url!r} needs prometheus_client, which is not "
+            "installed: pip install 'flask-quota[metrics]'"
+        ) from None
+    return QuotaMetrics()
+
+
+def _metrics_view(metrics: QuotaMetrics) -> Callable[[], Response]:
+    """The ``QUOTA_METRICS_URL`` view, exempt from every tier: scrapes are never limited."""
+
+    @exempt
+    def flask_quota_metrics() -> Response:
+        return metrics.view()
+
+    return flask_quota_metrics
+
+
+def _storage_signals(
+    app: Flask, metrics: QuotaMetrics | None = None
+) -> Callable[[BaseException | None], None]:
+    """The breaker's ``on_change``: ``storage_failed`` / ``storage_recovered`` for ``app``,
+    and the breaker gauge with metrics."""
     ref = weakref.ref(app)  # the breaker lives in app.extensions: no cycle through it
 
     def on_change(error: BaseException | None) -> None:
+        if metrics is not None:
+            metrics.breaker_changed(error)
         sender = ref()
         if sender is None:
             return

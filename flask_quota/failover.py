@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from .breaker import CircuitBreaker
@@ -13,10 +14,19 @@ from .settings import FailMode
 from .storage import Check, MemoryStorage, Storage, StorageError, Verdict
 from .usage import UsageSink, usage_sink
 
-__all__ = ["GuardedStorage"]
+__all__ = ["GuardedStorage", "LocalVerdict"]
 
 log = logging.getLogger("flask_quota")
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class LocalVerdict(Verdict):
+    """A verdict of the in-process fallback (fail mode ``local``), not of the storage.
+
+    Made only while the storage fails, so telling the two apart (for metrics)
+    costs nothing on the ordinary path.
+    """
 
 
 class GuardedStorage:
@@ -64,9 +74,8 @@ class GuardedStorage:
                 self.breaker.succeeded()
                 return verdict
         if self.fallback is not None:
-            if charge_locally:
-                return self.fallback.decide(checks)
-            return self.fallback.peek(checks)
+            local = self.fallback.decide(checks) if charge_locally else self.fallback.peek(checks)
+            return LocalVerdict(local.now_us, local.outcomes)
         if self.mode is FailMode.CLOSED:
             raise QuotaUnavailable(math.ceil(self.breaker.seconds_to_probe()))
         return None

@@ -62,6 +62,7 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_EXEMPT_METHODS": "OPTIONS",  # no tier applies to these (CORS preflights)
     "QUOTA_BLOCK_AFTER": None,  # e.g. "20/minute": a caller denied more often is blocked
     "QUOTA_BLOCK_FOR": 600,  # seconds such a block lasts
+    "QUOTA_METRICS_URL": None,  # e.g. "/metrics": Prometheus exposition (flask-quota[metrics])
 }
 
 # What each key means: the configuration reference (README, docs and init_app's
@@ -110,6 +111,11 @@ DOCS["QUOTA_BLOCK_AFTER"] = (
     "``None``: never."
 )
 DOCS["QUOTA_BLOCK_FOR"] = "Seconds a block by ``QUOTA_BLOCK_AFTER`` lasts."
+DOCS["QUOTA_METRICS_URL"] = (
+    "Path to serve Prometheus metrics at, e.g. ``/metrics`` (exempt from limits; needs "
+    "``pip install 'flask-quota[metrics]'``); ``None``: no metrics. Several gunicorn workers "
+    "need ``PROMETHEUS_MULTIPROC_DIR``: see Operations."
+)
 
 # Read by the dashboard when it is mounted (dashboard/auth.py), not by Settings.
 DASHBOARD_DOCS: dict[str, str] = {
@@ -158,6 +164,7 @@ class Settings:
     exempt_methods: frozenset[str]
     block_after: Rate | None = None
     block_for: int = 600
+    metrics_url: str | None = None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -197,6 +204,7 @@ class Settings:
             exempt_methods=_methods(get, "QUOTA_EXEMPT_METHODS"),
             block_after=_block_after(get, "QUOTA_BLOCK_AFTER"),
             block_for=_whole_seconds(get, "QUOTA_BLOCK_FOR"),
+            metrics_url=_path(get, "QUOTA_METRICS_URL", "/metrics"),
         )
         for key in ("QUOTA_DEFAULT_PLAN", "QUOTA_ANONYMOUS_PLAN"):
             if get[key] not in plans:
@@ -216,6 +224,16 @@ def _text(get: dict[str, Any], key: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{key} must be a non-empty string, got {value!r}")
     return value.strip()
+
+
+def _path(get: dict[str, Any], key: str, example: str) -> str | None:
+    """A URL path starting with ``/``, or ``None`` (also for ``""``) when unset."""
+    value = get[key]
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not value.startswith("/") or value != value.strip():
+        raise ValueError(f"{key}={value!r} must be a path starting with '/', e.g. {example!r}")
+    return value
 
 
 def _choice(get: dict[str, Any], key: str, enum: type[E]) -> E:

@@ -24,6 +24,7 @@ from .usage import UsageRecorder
 
 if TYPE_CHECKING:
     from .extension import Quota
+    from .metrics import QuotaMetrics
 
 __all__ = [
     "EXEMPT_ATTR",
@@ -54,6 +55,7 @@ class QuotaState:
     policy: Policy
     sql: SqlStore
     usage: UsageRecorder | None = None  # per-minute counts for the dashboard, when mounted
+    metrics: QuotaMetrics | None = None  # with QUOTA_METRICS_URL
     # endpoint -> (exempt, limit), resolved at an endpoint's first request: one dict
     # lookup per request instead of attribute probes on the view and its blueprints.
     views: dict[str, tuple[bool, LimitSpec | None]] = field(default_factory=dict)

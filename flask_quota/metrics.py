@@ -1,0 +1,247 @@
+"""Prometheus metrics (``QUOTA_METRICS_URL``), with ``prometheus_client``.
+
+Imported only when ``QUOTA_METRICS_URL`` is set: an app without metrics never
+loads ``prometheus_client`` and pays one ``is None`` test per request.
+
+What ``flask_quota_decisions_total{tier,resource,plan,outcome}`` counts, once
+per request that at least one tier applies to:
+
+- decided by the storage (a deny cache answer included: it is a denial like
+  any other): an admitted request counts ``allowed`` once per tier result (one
+  per rate: three tiers, three series); a refused one counts ``denied`` once
+  per tier that denied it, and its other tiers not at all (they were not
+  charged). ``resource`` is the tier's policy name, as in ``RateLimit-Policy``:
+  ``global``, ``user``, the endpoint's resource, or ``NAME@W`` for a further
+  window of a multi-rate limit;
+- decided by the in-process fallback (``QUOTA_FAIL_MODE=local``): as above,
+  with ``local`` instead of ``allowed`` (its denials are still ``denied``);
+- the storage failed: ``fail_open`` or ``fail_closed`` once per tier that
+  would have been checked;
+- the caller is blocked: ``blocked`` once, ``tier="blocked"``,
+  ``resource="blocked"`` (a denial that starts a block counts as that denial);
+- a shadow tier would have denied: ``shadow_denied`` once per such tier.
+
+So admitted requests are ``allowed`` + ``local`` + ``fail_open`` on any one
+tier, and refusals are ``denied``, ``blocked`` and ``fail_closed``. Labels hold
+tier, policy and plan names only, which the app's code and plans bound: never
+an identity, an address or a key.
+
+``flask_quota_storage_seconds`` times each decision call as the request saw it
+(the storage round trip, or the deny cache, or the fallback while the storage
+is down). ``flask_quota_breaker_open`` is 1 while a worker's circuit breaker is
+open; under several workers it is the highest among live workers (multiprocess
+mode ``livemax``), so 1 means "at least one worker is failing over".
+``flask_quota_deny_cache_hits_total`` counts decisions the deny cache answered.
+
+Several processes (gunicorn workers) share counts through prometheus_client's
+multiprocess mode: ``PROMETHEUS_MULTIPROC_DIR`` names an empty directory, set
+in the environment before the server starts, and gunicorn's ``child_exit``
+hook is ``gunicorn_child_exit``. Without it, each process counts alone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from flask import Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+    values,
+)
+
+from .errors import QuotaUnavailable
+from .failover import GuardedStorage, LocalVerdict
+from .policy import Decision, TierCheck
+from .storage import Check, Verdict
+
+__all__ = [
+    "OUTCOMES",
+    "QuotaMetrics",
+    "gunicorn_child_exit",
+    "multiprocess_dir",
+]
+
+ALLOWED = "allowed"
+DENIED = "denied"
+SHADOW_DENIED = "shadow_denied"
+BLOCKED = "blocked"
+FAIL_OPEN = "fail_open"
+FAIL_CLOSED = "fail_closed"
+LOCAL = "local"
+OUTCOMES = (ALLOWED, DENIED, SHADOW_DENIED, BLOCKED, FAIL_OPEN, FAIL_CLOSED, LOCAL)
+"""Every value of the ``outcome`` label."""
+
+# A decision takes well under a millisecond on a healthy Redis and at most about
+# QUOTA_STORAGE_TIMEOUT (0.1 s by default) on a failing one.
+_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def multiprocess_dir() -> str | None:
+    """The multiprocess directory from the environment, or ``None`` (one process)."""
+    # As prometheus_client reads it: set (even empty) means multiprocess; the older
+    # lower-case name counts too.
+    return os.environ.get(_ENV, os.environ.get(_ENV.lower()))
+
+
+def gunicorn_child_exit(server: Any, worker: Any) -> None:
+    """gunicorn's ``child_exit`` hook: forget a dead worker's live gauges.
+
+    In ``gunicorn.conf.py``: ``from flask_quota.metrics import gunicorn_child_exit
+    as child_exit``. Without it, a worker that died with its breaker open keeps
+    ``flask_quota_breaker_open`` at 1. Its counters stay: they were counted.
+    """
+    if multiprocess_dir() is not None:
+        multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
+
+
+class QuotaMetrics:
+    """One app's metrics, and the Prometheus text exposition of them.
+
+    The metrics live in a registry of the app's own (two apps in one process
+    never clash); in multiprocess mode the exposition reads every process's
+    files instead, so whichever worker answers a scrape reports the whole app.
+    """
+
+    def __init__(self) -> None:
+        self.directory = _checked_directory()
+        self.registry = CollectorRegistry()
+        self.decisions = Counter(
+            "flask_quota_decisions",
+            "Rate-limit decisions per tier result, by outcome.",
+            ("tier", "resource", "plan", "outcome"),
+            registry=self.registry,
+        )
+        self.storage_seconds = Histogram(
+            "flask_quota_storage_seconds",
+            "Seconds each rate-limit decision call took.",
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.breaker_open = Gauge(
+            "flask_quota_breaker_open",
+            "1 while the storage circuit breaker is open (in any live worker).",
+            multiprocess_mode="livemax",
+            registry=self.registry,
+        )
+        self.deny_cache_hits = Counter(
+            "flask_quota_deny_cache_hits",
+            "Decisions answered by the local deny cache without the storage.",
+            registry=self.registry,
+        )
+        self.breaker_open.set(0)
+        # One child per label set, found with one dict lookup instead of labels()'s lock.
+        self._children: dict[tuple[str, str, str, str], Counter] = {}
+        self._exposed = self.registry
+        if self.directory is not None:
+            self._exposed = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self._exposed, path=self.directory)  # type: ignore[no-untyped-call]
+
+    # -- counting ----------------------------------------------------------------
+
+    def count(self, tier: str, resource: str, plan: str, outcome: str) -> None:
+        """One more decision in the series ``(tier, resource, plan, outcome)``."""
+        key = (tier, resource, plan, outcome)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.decisions.labels(*key)
+        child.inc()
+
+    def decide(
+        self, guard: GuardedStorage, calls: Sequence[Check], checks: Sequence[TierCheck], plan: str
+    ) -> Verdict | None:
+        """``guard.decide(calls)``, timed; a storage failure is counted here, per tier."""
+        start = time.perf_counter()
+        try:
+            verdict = guard.decide(calls)
+        except QuotaUnavailable:
+            self.storage_seconds.observe(time.perf_counter() - start)
+            self._each_check(checks, plan, FAIL_CLOSED)
+            raise
+        self.storage_seconds.observe(time.perf_counter() - start)
+        if verdict is None:
+            self._each_check(checks, plan, FAIL_OPEN)
+        return verdict
+
+    def decided(self, decision: Decision, verdict: Verdict, *, blocked: bool) -> None:
+        """Count a decision made from ``verdict`` (see the module docstring)."""
+        plan = decision.plan
+        if blocked:
+            self.count(BLOCKED, BLOCKED, plan, BLOCKED)
+            return
+        if decision.allowed:
+            outcome = LOCAL if isinstance(verdict, LocalVerdict) else ALLOWED
+            for r in decision.results:
+                self.count(r.tier.value, r.name, plan, outcome)
+        else:
+            for r in decision.results:
+                if not r.outcome.allowed:
+                    self.count(r.tier.value, r.name, plan, DENIED)
+        # Shadow mode (QUOTA_SHADOW, the limit's `shadow` column) adds the results of
+        # shadow tiers that would have denied to the Decision; until it lands this
+        # reads nothing. Wire: self.count_shadow_denied(plan, decision.shadow_denied).
+        shadow = getattr(decision, "shadow_denied", None)
+        if isinstance(shadow, tuple | list) and shadow:
+            self.count_shadow_denied(plan, ((r.tier.value, r.name) for r in shadow))
+
+    def count_shadow_denied(self, plan: str, tiers: Iterable[tuple[str, str]]) -> None:
+        """Count ``shadow_denied`` once per (tier, policy name) that would have denied."""
+        for tier, resource in tiers:
+            self.count(str(tier), resource, plan, SHADOW_DENIED)
+
+    def _each_check(self, checks: Sequence[TierCheck], plan: str, outcome: str) -> None:
+        for c in checks:
+            self.count(c.tier.value, c.name, plan, outcome)
+
+    def breaker_changed(self, error: BaseException | None) -> None:
+        """The breaker's ``on_change``: opened with ``error``, closed with ``None``."""
+        self.breaker_open.set(0 if error is None else 1)
+
+    def deny_cache_hit(self) -> None:
+        """The deny cache's ``on_hit``."""
+        self.deny_cache_hits.inc()
+
+    # -- exposition ----------------------------------------------------------------
+
+    def exposition(self) -> bytes:
+        """Every metric in the Prometheus text format, of all processes in multiprocess mode."""
+        return generate_latest(self._exposed)
+
+    def view(self) -> Response:
+        """The ``QUOTA_METRICS_URL`` view."""
+        return Response(self.exposition(), content_type=CONTENT_TYPE_LATEST)
+
+
+def _checked_directory() -> str | None:
+    """The multiprocess directory, checked; a setting that cannot work is an error."""
+    directory = multiprocess_dir()
+    # prometheus_client picks single- or multiprocess values once, when first imported.
+    multi = values.ValueClass is not values.MutexValue
+    if directory is None and multi:
+        raise ValueError(
+            f"{_ENV} was unset after prometheus_client was imported with it; keep it set for "
+            "the whole life of the process"
+        )
+    if directory is None:
+        return None
+    if not multi:
+        raise ValueError(
+            f"{_ENV}={directory!r} was set after prometheus_client was imported, so this "
+            "process counts alone; set it in the environment before the server starts"
+        )
+    if not (os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)):
+        raise ValueError(
+            f"{_ENV}={directory!r} is not a writable directory; create an empty one for each "
+            "deployment before the server starts (e.g. mkdir -p and clear it in the start script)"
+        )
+    return directory
