@@ -27,7 +27,7 @@ from .algorithms import Algorithm
 from .models import AuditEntry, Client, Override, PlanLimit, PlanRecord, utcnow
 from .plans import Plan
 from .settings import PlansSource
-from .sql_store import SqlStore, plan_record
+from .sql_store import SqlStore, limit_rows, plan_record
 from .tiers import Tier
 
 __all__ = [
@@ -224,7 +224,12 @@ class QuotaAdmin:
         wanted = {plan.name: (position, plan) for position, plan in enumerate(plans)}
 
         def target(position: int, plan: Plan) -> tuple[Any, ...]:
-            return (position, _plan_info(plan_record(plan, position)))
+            limits = [
+                LimitInfo(x.tier, x.resource, x.rate, x.algorithm, x.shadow)
+                for x in limit_rows(plan)
+            ]
+            info = PlanInfo(plan.name, plan.description, plan.upgrade, _sorted_limits(limits))
+            return (position, info)
 
         def apply(session: Session) -> list[str]:
             records = {
@@ -273,7 +278,7 @@ class QuotaAdmin:
                 record.position = position
                 record.limits.clear()
                 session.flush()  # the old limits go before their replacements arrive
-                record.limits.extend(plan_record(plan, position).limits)
+                record.limits.extend(limit_rows(plan))
                 session.flush()
                 after = asdict(_plan_info(record))
                 self._audit(session, f"{action}.update", f"plan:{name}", before, after)
@@ -568,11 +573,13 @@ def _client(session: Session, client_id: int | str) -> Client:
 
 
 def _plan_info(record: PlanRecord) -> PlanInfo:
-    limits = sorted(
-        (LimitInfo(x.tier, x.resource, x.rate, x.algorithm, x.shadow) for x in record.limits),
-        key=lambda x: ([t.value for t in Tier].index(x.tier), x.resource),
-    )
-    return PlanInfo(record.name, record.description, record.upgrade_hint, tuple(limits))
+    limits = [LimitInfo(x.tier, x.resource, x.rate, x.algorithm, x.shadow) for x in record.limits]
+    return PlanInfo(record.name, record.description, record.upgrade_hint, _sorted_limits(limits))
+
+
+def _sorted_limits(limits: list[LimitInfo]) -> tuple[LimitInfo, ...]:
+    order = [t.value for t in Tier]
+    return tuple(sorted(limits, key=lambda x: (order.index(x.tier), x.resource)))
 
 
 def _client_info(client: Client) -> ClientInfo:

@@ -671,10 +671,17 @@ def plan_record(plan: Plan, position: int) -> PlanRecord:
     record = PlanRecord(
         name=plan.name, description=plan.description, upgrade_hint=plan.upgrade, position=position
     )
+    record.limits.extend(limit_rows(plan))
+    return record
+
+
+def limit_rows(plan: Plan) -> list[PlanLimit]:
+    """New ``PlanLimit`` rows for every limit of ``plan``, with algorithm and shadow."""
+    rows = []
     for tier, resource, rates in plan_limits(plan):
         mode = plan.mode_for(tier, resource)
         algorithm = mode.algorithm.value if mode.algorithm is not None else None
-        record.limits.append(
+        rows.append(
             PlanLimit(
                 tier=tier.value,
                 resource=resource,
@@ -683,7 +690,7 @@ def plan_record(plan: Plan, position: int) -> PlanRecord:
                 shadow=mode.shadow,
             )
         )
-    return record
+    return rows
 
 
 def plan_limits(plan: Plan) -> list[tuple[Tier, str, Rates]]:
