@@ -72,6 +72,9 @@ def test_cli_algorithm_and_shadow_apply_to_requests(sql_app: tuple[Flask, Frozen
     assert denied.headers["X-RateLimit-Resource"] == "ai_inference"
     policy = denied.headers["RateLimit-Policy"]
     assert '"ai_inference";q=5;w=60' in policy and '"user"' not in policy
+    with app.app_context():  # peek reads the fixed-window bucket the requests used
+        buckets = {b.name: b for b in app.extensions["quota"].quota.peek(ip="127.0.0.1")}
+    assert buckets["ai_inference (GET)"].remaining == 0
     listing = cli(app, "plans", "list")
     assert re.search(r"free\s+user\s+-\s+2/minute\s+\S+\s+shadow", listing)
     assert re.search(r"free\s+endpoint\s+ai_inference\s+5/minute\s+fixed_window\s+enforce", listing)
@@ -266,4 +269,26 @@ def test_a_shadow_tier_next_to_an_enforced_one(tmp_path: Path) -> None:
     tiers = state.usage.sink.minutes(1, clock.now_us // (60 * US))[0].tiers
     assert tiers[("user", True)] == 1 and tiers[("user", SHADOW_DENIED)] == 3
     assert tiers[("ai_inference", True)] == 3 and tiers[("ai_inference", False)] == 1
+    state.sql.close()
+
+
+def test_the_dashboard_shows_would_have_denied_per_tier_and_identity(tmp_path: Path) -> None:
+    """The overview and the identity page show the shadow denials next to the denials."""
+    from tests.test_dashboard import HASH, OPS
+
+    # The wall clock: the dashboard shows the last hour of real time.
+    app = shadow_app(
+        tmp_path, MemoryStorage(), QUOTA_SHADOW=True, QUOTA_DASHBOARD_USERS={"ops": HASH}
+    )
+    http = app.test_client()
+    for _ in range(8):
+        assert http.get("/ai").status_code == 200
+    state = app.extensions["quota"]
+    state.usage.flush()
+    overview = http.get("/quota/", headers=OPS).get_data(as_text=True)
+    assert "<th>Would have denied</th>" in overview
+    assert "<td>ai_inference</td><td>5</td><td>0</td><td>3</td>" in overview
+    page = http.get("/quota/identity/ip=127.0.0.1", headers=OPS).get_data(as_text=True)
+    table = page.split('id="identity-tiers"')[1].split("</table>")[0]
+    assert "<td>ai_inference</td><td>5</td><td>0</td><td>3</td>" in table
     state.sql.close()
