@@ -28,7 +28,16 @@ from flask import (
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from flask_quota import Tier
-from flask_quota.admin import AdminError, ChangeConflict, QuotaAdmin, parse_duration
+from flask_quota.admin import (
+    DEFAULT_ALGORITHM,
+    PLANS_READ_ONLY,
+    AdminError,
+    ChangeConflict,
+    PlansReadOnly,
+    QuotaAdmin,
+    parse_duration,
+)
+from flask_quota.algorithms import Algorithm
 from flask_quota.sql_store import TablesMissing
 from flask_quota.state import get_state
 
@@ -73,7 +82,10 @@ def _database_errors(view: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _status(exc: AdminError) -> int:
-    """Refused input: 400; a change that collided with another writer's: 409."""
+    """Refused input: 400; a change that collided with another writer's: 409; a plan
+    edit while QUOTA_PLANS owns the plans: 403."""
+    if isinstance(exc, PlansReadOnly):
+        return 403
     return 409 if isinstance(exc, ChangeConflict) else 400
 
 
@@ -94,15 +106,28 @@ def client_id_of(tag: str) -> str | None:
 
 
 def plans_page(error: str | None = None, status: int = 200) -> tuple[str, int]:
+    a = admin()
     return render_template(
-        "quota/plans.html", plans=admin().plans(), tiers=[t.value for t in Tier], error=error
+        "quota/plans.html",
+        plans=a.plans(),
+        tiers=[t.value for t in Tier],
+        algorithms=[x.value for x in Algorithm],
+        # QUOTA_PLANS_SOURCE=config: plans follow QUOTA_PLANS; the page says so, edits refused
+        plans_read_only=a.plans_read_only,
+        read_only_reason=PLANS_READ_ONLY,
+        error=error,
     ), status
 
 
 def plan_limit(plan: str) -> Any:
     tier, resource, rate = _field("tier"), _field("resource") or None, _field("rate")
+    # The limit form always sends both: an empty algorithm is QUOTA_ALGORITHM's.
+    algorithm = _field("algorithm") or DEFAULT_ALGORITHM
+    shadow = request.form.get("shadow") is not None
     try:
-        admin().set_plan_limit(plan[:FIELD_MAX], tier, rate, resource=resource)
+        admin().set_plan_limit(
+            plan[:FIELD_MAX], tier, rate, resource=resource, algorithm=algorithm, shadow=shadow
+        )
     except AdminError as exc:
         return plans_page(str(exc), _status(exc))
     flash(f"Plan {plan}: {tier}{' ' + resource if resource else ''} is now {rate}.", "ok")

@@ -23,7 +23,7 @@ from flask_quota.inspection import (
 )
 from flask_quota.state import QuotaState
 from flask_quota.storage import StorageError
-from flask_quota.usage import HOUR, MinuteUsage
+from flask_quota.usage import HOUR, SHADOW_DENIED, Mark, MinuteUsage
 
 __all__ = [
     "KIND_LABELS",
@@ -36,6 +36,7 @@ __all__ = [
     "identity_plan",
     "overview",
     "series",
+    "tier_totals",
     "valid_tag",
 ]
 
@@ -178,6 +179,21 @@ def series(minutes: list[MinuteUsage]) -> dict[str, dict[str, list[int]]]:
     }
 
 
+def tier_totals(minutes: list[MinuteUsage]) -> dict[str, dict[str, int]]:
+    """Per tier name: allowed, denied and shadow-denied ("would have denied") counts."""
+    totals: Counter[tuple[str, Mark]] = Counter()
+    for m in minutes:
+        totals.update(m.tiers)
+    return {
+        name: {
+            "allowed": totals.get((name, True), 0),
+            "denied": totals.get((name, False), 0),
+            "shadow_denied": totals.get((name, SHADOW_DENIED), 0),
+        }
+        for name in sorted({n for (n, _) in totals})
+    }
+
+
 def usage_minutes(state: QuotaState, reads: Reads, tag: str = "") -> list[MinuteUsage] | None:
     """The last hour of usage, of everyone or of one identity; ``None`` while unreadable."""
     usage = state.usage
@@ -209,9 +225,6 @@ def overview(app: Flask, state: QuotaState, reads: Reads) -> dict[str, Any]:
             "top": [],
             "storage": reads.health(),
         }
-    totals: Counter[tuple[str, bool]] = Counter()
-    for m in minutes:
-        totals.update(m.tiers)
     recent = minutes[-5:]
     recent_requests: Counter[str] = Counter()
     for m in recent:
@@ -231,10 +244,7 @@ def overview(app: Flask, state: QuotaState, reads: Reads) -> dict[str, Any]:
         "allowed": allowed,
         "denied": denied,
         "deny_rate": round(100 * last_denied / last_total, 1) if last_total else 0.0,
-        "tiers": {
-            name: {"allowed": totals.get((name, True), 0), "denied": totals.get((name, False), 0)}
-            for name in sorted({n for (n, _) in totals})
-        },
+        "tiers": tier_totals(minutes),
         "series": series(minutes),
         "top": top,
         "storage": reads.health(),  # after the reads: one of them may have failed

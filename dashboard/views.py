@@ -185,6 +185,7 @@ def _identity(tag: str) -> dict[str, Any]:
         "name": data.display_name(tag),
         "plan": plan.name,
         "buckets": None if buckets is None else [asdict(b) for b in buckets],
+        "tiers": data.tier_totals(data.usage_minutes(state, reads, tag) or []),
         "client": None,
         "storage": reads.health(),
     }

@@ -23,8 +23,11 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from . import apikeys, validators
+from .algorithms import Algorithm
 from .models import AuditEntry, Client, Override, PlanLimit, PlanRecord, utcnow
-from .sql_store import SqlStore
+from .plans import Plan
+from .settings import PlansSource
+from .sql_store import SqlStore, limit_rows, plan_record
 from .tiers import Tier
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "LimitInfo",
     "OverrideInfo",
     "PlanInfo",
+    "PlansReadOnly",
     "QuotaAdmin",
     "parse_duration",
 ]
@@ -54,6 +58,19 @@ class AdminError(ValueError):
 
 class ChangeConflict(AdminError):
     """Another writer changed the same rows at the same moment, twice: nothing changed."""
+
+
+class PlansReadOnly(AdminError):
+    """``QUOTA_PLANS_SOURCE=config``: the plans follow ``QUOTA_PLANS``, not operators."""
+
+
+PLANS_READ_ONLY = (
+    "plans are read-only here: QUOTA_PLANS_SOURCE=config applies QUOTA_PLANS to the "
+    "database at every start. Edit QUOTA_PLANS and restart, or set "
+    "QUOTA_PLANS_SOURCE=database to edit plans here"
+)
+# ``set_plan_limit(algorithm=DEFAULT_ALGORITHM)``: the limit follows QUOTA_ALGORITHM again.
+DEFAULT_ALGORITHM = "default"
 
 
 @dataclass(frozen=True)
@@ -124,11 +141,25 @@ def parse_duration(text: str) -> timedelta:
 class QuotaAdmin:
     """Reads and audited changes of the quota tables, on behalf of ``actor``."""
 
-    def __init__(self, store: SqlStore, *, actor: str) -> None:
+    def __init__(self, store: SqlStore, *, actor: str, applies_config: bool = False) -> None:
         if not actor.strip():
             raise AdminError("the actor (who makes the change) must not be empty")
         self.store = store
         self.actor = actor.strip()[:200]
+        # True only for the start-up step that applies QUOTA_PLANS (QUOTA_PLANS_SOURCE=config).
+        self._applies_config = applies_config
+
+    @property
+    def plans_read_only(self) -> bool:
+        """True when ``QUOTA_PLANS_SOURCE=config`` owns the plans (edits are refused)."""
+        config = self.store.settings.plans_source is PlansSource.CONFIG
+        return config and not self._applies_config
+
+    def check_plans_writable(self) -> None:
+        """Raise ``PlansReadOnly`` when the plans follow ``QUOTA_PLANS``; every plan
+        change calls this first."""
+        if self.plans_read_only:
+            raise PlansReadOnly(PLANS_READ_ONLY)
 
     # -- plans --------------------------------------------------------------
 
@@ -141,12 +172,24 @@ class QuotaAdmin:
             return [_plan_info(record) for record in records]
 
     def set_plan_limit(
-        self, plan: str, tier: str, rate: str, *, resource: str | None = None
+        self,
+        plan: str,
+        tier: str,
+        rate: str,
+        *,
+        resource: str | None = None,
+        algorithm: str | None = None,
+        shadow: bool | None = None,
     ) -> PlanInfo:
-        """Set (add or replace) one rate of a plan."""
+        """Set (add or replace) one limit of a plan: its rates, and optionally its
+        ``algorithm`` (``"default"``: ``QUOTA_ALGORITHM``) and ``shadow`` flag.
+        ``None`` keeps a limit's current algorithm or flag (a new limit's: the
+        default algorithm, enforced)."""
+        self.check_plans_writable()
         tier_ = _tier(tier)
         resource_ = _resource(tier_, resource)
         rate_ = _rate(rate)
+        algorithm_ = _algorithm(algorithm)
 
         def apply(session: Session) -> PlanInfo:
             record = _plan(session, plan)
@@ -155,15 +198,99 @@ class QuotaAdmin:
                 (x for x in record.limits if (x.tier, x.resource) == (tier_, resource_)), None
             )
             if limit is None:
-                record.limits.append(PlanLimit(tier=tier_, resource=resource_, rate=rate_))
+                limit = PlanLimit(tier=tier_, resource=resource_, rate=rate_, shadow=False)
+                record.limits.append(limit)
             else:
                 limit.rate = rate_
+            if algorithm is not None:
+                limit.algorithm = algorithm_
+            if shadow is not None:
+                limit.shadow = bool(shadow)
             session.flush()
             after = _plan_info(record)
             self._audit(session, "plan.limit.set", f"plan:{plan}", asdict(before), asdict(after))
             return after
 
         return self._change(apply, f"plan {plan!r}")
+
+    def replace_plans(self, plans: list[Plan], action: str) -> list[str]:
+        """Make the plan table hold exactly ``plans`` (in this order), in one audited
+        transaction: plans are added, changed and removed; clients and overrides are
+        not touched. A plan that clients still use cannot be removed: then nothing
+        changes and ``AdminError`` names the plans and their clients. Returns one
+        line per change (empty when the table already matched).
+        """
+        self.check_plans_writable()
+        wanted = {plan.name: (position, plan) for position, plan in enumerate(plans)}
+
+        def target(position: int, plan: Plan) -> tuple[Any, ...]:
+            limits = [
+                LimitInfo(x.tier, x.resource, x.rate, x.algorithm, x.shadow)
+                for x in limit_rows(plan)
+            ]
+            info = PlanInfo(plan.name, plan.description, plan.upgrade, _sorted_limits(limits))
+            return (position, info)
+
+        def apply(session: Session) -> list[str]:
+            records = {
+                r.name: r
+                for r in session.scalars(
+                    select(PlanRecord).order_by(PlanRecord.position, PlanRecord.id)
+                )
+            }
+            gone = [name for name in records if name not in wanted]
+            users = dict(
+                session.execute(
+                    select(PlanRecord.name, func.count(Client.id))
+                    .join(Client, Client.plan_id == PlanRecord.id)
+                    .where(PlanRecord.name.in_(gone))
+                    .group_by(PlanRecord.name)
+                ).all()
+            )
+            if users:
+                used = ", ".join(f"{name!r} ({n} clients)" for name, n in sorted(users.items()))
+                raise AdminError(
+                    f"cannot remove plans that clients still use: {used}; move those clients "
+                    "to another plan first (flask quota clients set-plan ID PLAN)"
+                )
+            changes = []
+            for name in gone:
+                before = asdict(_plan_info(records[name]))
+                session.delete(records[name])
+                self._audit(session, f"{action}.remove", f"plan:{name}", before, None)
+                changes.append(f"removed plan {name!r}")
+            session.flush()
+            for name, (position, plan) in wanted.items():
+                record = records.get(name)
+                if record is None:
+                    record = plan_record(plan, position)
+                    session.add(record)
+                    session.flush()
+                    after = asdict(_plan_info(record))
+                    self._audit(session, f"{action}.add", f"plan:{name}", None, after)
+                    changes.append(f"added plan {name!r}")
+                    continue
+                if (record.position, _plan_info(record)) == target(position, plan):
+                    continue
+                before = asdict(_plan_info(record))
+                record.description = plan.description
+                record.upgrade_hint = plan.upgrade
+                record.position = position
+                record.limits.clear()
+                session.flush()  # the old limits go before their replacements arrive
+                record.limits.extend(limit_rows(plan))
+                session.flush()
+                after = asdict(_plan_info(record))
+                self._audit(session, f"{action}.update", f"plan:{name}", before, after)
+                changes.append(f"changed plan {name!r}")
+            if not changes:
+                raise _Unchanged
+            return changes
+
+        try:
+            return self._change(apply, "the plans")
+        except _Unchanged:
+            return []  # rolled back: no version bump for a table that already matched
 
     # -- clients ------------------------------------------------------------
 
@@ -400,6 +527,21 @@ def _rate(text: str) -> str:
     return _checked(validators.rate_text, text)
 
 
+def _algorithm(value: str | None) -> str | None:
+    """An algorithm's name, or None for ``"default"`` (``QUOTA_ALGORITHM``) and None."""
+    if value is None or value.strip().lower() == DEFAULT_ALGORITHM:
+        return None
+    try:
+        return Algorithm(value.strip().lower()).value
+    except ValueError:
+        choices = ", ".join([a.value for a in Algorithm] + [DEFAULT_ALGORITHM])
+        raise AdminError(f"unknown algorithm {value!r}: use one of {choices}") from None
+
+
+class _Unchanged(Exception):
+    """Raised inside a change to roll it back: there was nothing to do."""
+
+
 def _client_name(name: str) -> str:
     return _checked(validators.client_name, name)
 
@@ -431,11 +573,13 @@ def _client(session: Session, client_id: int | str) -> Client:
 
 
 def _plan_info(record: PlanRecord) -> PlanInfo:
-    limits = sorted(
-        (LimitInfo(x.tier, x.resource, x.rate, x.algorithm, x.shadow) for x in record.limits),
-        key=lambda x: ([t.value for t in Tier].index(x.tier), x.resource),
-    )
-    return PlanInfo(record.name, record.description, record.upgrade_hint, tuple(limits))
+    limits = [LimitInfo(x.tier, x.resource, x.rate, x.algorithm, x.shadow) for x in record.limits]
+    return PlanInfo(record.name, record.description, record.upgrade_hint, _sorted_limits(limits))
+
+
+def _sorted_limits(limits: list[LimitInfo]) -> tuple[LimitInfo, ...]:
+    order = [t.value for t in Tier]
+    return tuple(sorted(limits, key=lambda x: (order.index(x.tier), x.resource)))
 
 
 def _client_info(client: Client) -> ClientInfo:

@@ -70,7 +70,7 @@ def gate_check(keys: KeyBuilder, tag: str) -> Check:
 def split(verdict: Verdict, gates: int) -> tuple[Outcome | None, Verdict]:
     """(the denying gate's outcome or None, the verdict of the tiers alone)."""
     denied = next((o for o in verdict.outcomes[:gates] if not o.allowed), None)
-    return denied, Verdict(verdict.now_us, verdict.outcomes[gates:])
+    return denied, Verdict(verdict.now_us, verdict.outcomes[gates:], verdict.shadow[gates:])
 
 
 def escalate(

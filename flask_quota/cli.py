@@ -19,8 +19,9 @@ from flask import current_app
 from flask.cli import AppGroup
 from sqlalchemy.exc import SQLAlchemyError
 
-from . import blocks, inspection
-from .admin import AdminError, QuotaAdmin, parse_duration
+from . import blocks, inspection, plansync
+from .admin import DEFAULT_ALGORITHM, AdminError, QuotaAdmin, parse_duration
+from .algorithms import Algorithm
 from .dbcli import db_cli
 from .policy import TierCheck
 from .sql_store import SqlStore, TablesMissing
@@ -110,14 +111,16 @@ def _when(moment: datetime | None) -> str:
 @plans_cli.command("list")
 @_one_line_errors
 def plans_list() -> None:
-    """Show every plan and its rates, in upgrade order."""
+    """Show every plan and its limits, in upgrade order."""
     rows = []
     for plan in _admin("cli").plans():
         for limit in plan.limits:
-            rows.append([plan.name, limit.tier, limit.resource or "-", limit.rate])
+            algorithm = limit.algorithm or "default"
+            mode = "shadow" if limit.shadow else "enforce"
+            rows.append([plan.name, limit.tier, limit.resource or "-", limit.rate, algorithm, mode])
         if not plan.limits:
-            rows.append([plan.name, "-", "-", "no limits"])
-    _table(rows, ["PLAN", "TIER", "RESOURCE", "RATE"])
+            rows.append([plan.name, "-", "-", "no limits", "-", "-"])
+    _table(rows, ["PLAN", "TIER", "RESOURCE", "RATE", "ALGORITHM", "MODE"])
 
 
 @plans_cli.command("set", context_settings=_RAW)
@@ -125,14 +128,63 @@ def plans_list() -> None:
 @click.argument("tier", type=click.Choice(["global", "user", "endpoint"], case_sensitive=False))
 @click.argument("rate")
 @click.option("--resource", help="The resource of an endpoint-tier rate, e.g. ai_inference.")
+@click.option(
+    "--algorithm",
+    type=click.Choice([*(a.value for a in Algorithm), DEFAULT_ALGORITHM], case_sensitive=False),
+    help="This limit's algorithm; 'default' follows QUOTA_ALGORITHM. Unset: unchanged.",
+)
+@click.option(
+    "--shadow/--enforce",
+    default=None,
+    help="Shadow: decided and recorded, never denies. Unset: unchanged (new limits enforce).",
+)
 @actor_option
 @_one_line_errors
-def plans_set(plan: str, tier: str, rate: str, resource: str | None, actor: str) -> None:
-    """Set PLAN's RATE for TIER, e.g. `plans set free user 200/minute`."""
-    info = _admin(actor).set_plan_limit(plan, tier, rate, resource=resource)
+def plans_set(
+    plan: str,
+    tier: str,
+    rate: str,
+    resource: str | None,
+    algorithm: str | None,
+    shadow: bool | None,
+    actor: str,
+) -> None:
+    """Set PLAN's RATE for TIER, e.g. `plans set free user 200/minute --shadow`."""
+    info = _admin(actor).set_plan_limit(
+        plan, tier, rate, resource=resource, algorithm=algorithm, shadow=shadow
+    )
     where = f"{tier} {resource}" if resource else tier
-    new = next(x.rate for x in info.limits if (x.tier, x.resource) == (tier, resource or ""))
-    click.echo(f"plan {info.name!r}: {where} is now {new}")
+    new = next(x for x in info.limits if (x.tier, x.resource) == (tier, resource or ""))
+    mode = "shadow" if new.shadow else "enforced"
+    click.echo(
+        f"plan {info.name!r}: {where} is now {new.rate} "
+        f"({new.algorithm or 'default algorithm'}, {mode})"
+    )
+
+
+@plans_cli.command("export")
+@click.argument("file", type=click.Path(dir_okay=False, writable=True), required=False)
+@_one_line_errors
+def plans_export(file: str | None) -> None:
+    """Write every plan as JSON in the QUOTA_PLANS shape to FILE (default: stdout)."""
+    text = plansync.export_plans(_store())
+    if file is None:
+        click.echo(text, nl=False)
+        return
+    with open(file, "w", encoding="utf-8") as out:
+        out.write(text)
+    click.echo(f"plans written to {file}", err=True)
+
+
+@plans_cli.command("import")
+@click.argument("file", type=click.File("r", encoding="utf-8"))
+@actor_option
+@_one_line_errors
+def plans_import(file: Any, actor: str) -> None:
+    """Make the plans exactly those of FILE (JSON in the QUOTA_PLANS shape): validated
+    first, then applied all or nothing. Plans that clients use cannot be removed."""
+    changes = plansync.import_plans(_admin(actor), file.read())
+    click.echo("\n".join(changes) if changes else "plans already match the file; nothing changed")
 
 
 # -- clients ----------------------------------------------------------------------

@@ -20,7 +20,7 @@ from .algorithms import Algorithm, Outcome
 from .clock import US
 from .rates import Rate
 from .storage import Check, Storage, Verdict
-from .storage.base import BlockEntry
+from .storage.base import BlockEntry, shadow_flags
 from .usage import UsageSink, usage_sink
 
 __all__ = ["DenyCache"]
@@ -140,6 +140,8 @@ class DenyCache:
         return len(self._denials)
 
     def _find(self, check: Check, now: float) -> _Denial | None:
+        if check.shadow:
+            return None  # a shadow check never denies, so no denial answers it
         for denial in self._denials.get(check.key, ()):
             if denial.deadline > now and denial.cost <= check.cost and denial.rate == check.rate:
                 return denial
@@ -170,7 +172,7 @@ class DenyCache:
                 tb = check.algorithm is Algorithm.TOKEN_BUCKET
                 full = check.rate.capacity if tb else check.rate.limit
                 outcomes.append(Outcome(True, full, full, now_us, 0))
-        return Verdict(now_us, tuple(outcomes))
+        return Verdict(now_us, tuple(outcomes), shadow_flags(checks))
 
     def _remember(self, checks: Sequence[Check], verdict: Verdict, sent: float) -> None:
         seen = tuple((c.key, o) for c, o in zip(checks, verdict.outcomes, strict=True))
@@ -180,8 +182,8 @@ class DenyCache:
             if len(self._denials) >= self._max_keys:
                 self._prune(sent)
             for check, outcome in zip(checks, verdict.outcomes, strict=True):
-                if outcome.allowed or outcome.retry_after_us <= 0:
-                    continue
+                if outcome.allowed or outcome.retry_after_us <= 0 or check.shadow:
+                    continue  # a shadow denial is no denial
                 denial = _Denial(
                     rate=check.rate,
                     cost=check.cost,

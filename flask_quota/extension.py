@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shlex
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from flask import Blueprint, Flask, Request, Response, current_app, g, request
 
-from . import blocks, inspection, signals, validators
+from . import blocks, inspection, plansync, signals, validators
 from .blocks import Block
 from .breaker import CircuitBreaker
 from .denycache import DenyCache
@@ -112,6 +113,8 @@ class Quota:
         # Plans, API keys and overrides come from SQL: the host's `db`, or our own
         # engine for QUOTA_DATABASE_URL (a SQLite file in the instance folder by default).
         sql = SqlStore(settings, db=self._db, instance_path=app.instance_path)
+        # When the tables are first ready: apply QUOTA_PLANS, or warn how SQL differs from it.
+        sql.on_ready(functools.partial(plansync.at_start, sql))
         usage = None
         if settings.dashboard_url is not None:
             usage = UsageRecorder(usage_sink(storage, settings.key_prefix))
@@ -127,7 +130,9 @@ class Quota:
             settings=settings,
             storage=storage,
             guard=GuardedStorage(storage, settings.fail_mode, breaker),
-            policy=Policy(KeyBuilder(settings.key_prefix), settings.algorithm),
+            policy=Policy(
+                KeyBuilder(settings.key_prefix), settings.algorithm, shadow=settings.shadow
+            ),
             sql=sql,
             usage=usage,
             metrics=metrics,
@@ -383,6 +388,8 @@ class Quota:
         scope = g._get_current_object()
         scope._quota = decision
         scope._quota_who = tag
+        if decision.shadow_denied and signals.quota_shadow_exceeded.receivers:
+            signals.quota_shadow_exceeded.send(app, decision=decision)
         denied = decision.denied
         if denied is not None:
             if signals.quota_exceeded.receivers:
@@ -449,14 +456,20 @@ class Quota:
         extra: int = scope.__dict__.pop("_quota_extra", 0)
         if spec.charge_when is not None and not spec.charge_when(response):
             # Not counted: its cost comes back, and anything it charged on top is void.
-            refund = [c.check for c in checks if c.tier is Tier.ENDPOINT]
+            # A shadow check that would have denied was not charged: nothing to give back.
+            refund = [
+                c.check
+                for c, r in zip(checks, decision.results, strict=True)
+                if c.tier is Tier.ENDPOINT and r.outcome.allowed
+            ]
             if refund and refund[0].cost > 0:
                 state.guard.refund(refund, decision.now_us)
-                return decision.adjusted(refund[0].cost, state.policy.algorithm)
+                return decision.adjusted(refund[0].cost, refund[0].algorithm)
             return decision
         if extra:
-            state.guard.charge(state.policy.endpoint_checks(checks, extra))
-            return decision.adjusted(-extra, state.policy.algorithm)
+            charges = state.policy.endpoint_checks(checks, extra)
+            state.guard.charge(charges)
+            return decision.adjusted(-extra, charges[0].algorithm) if charges else decision
         return decision
 
 

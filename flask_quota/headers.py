@@ -29,7 +29,10 @@ def _printable(value: str) -> str:
 
 
 def rate_limit_headers(decision: Decision, mode: HeaderMode) -> list[tuple[str, str]]:
-    """Headers for the tier that matters: the denying one, else the closest to its limit."""
+    """Headers for the tier that matters: the denying one, else the closest to its limit.
+
+    Shadow tiers are left out: they never deny, so a client has nothing to act on.
+    """
     shown: TierResult | None = decision.denied or decision.closest
     if shown is None or mode is HeaderMode.NONE:
         return []
@@ -44,7 +47,7 @@ def rate_limit_headers(decision: Decision, mode: HeaderMode) -> list[tuple[str, 
         ]
     if mode in (HeaderMode.IETF, HeaderMode.BOTH):
         policies = _policy(
-            tuple((r.name, r.outcome.limit, r.rate.policy_window) for r in decision.results)
+            tuple((r.name, r.outcome.limit, r.rate.policy_window) for r in decision.enforced)
         )
         reset_in = decision.seconds_until(outcome.reset_us)
         headers += [

@@ -182,16 +182,15 @@ class QuotaMetrics:
         if decision.allowed:
             outcome = LOCAL if isinstance(verdict, LocalVerdict) else ALLOWED
             for r in decision.results:
-                self.count(r.tier.value, r.name, plan, outcome)
+                if not r.shadow_denied:
+                    self.count(r.tier.value, r.name, plan, outcome)
         else:
-            for r in decision.results:
+            for r in decision.enforced:
                 if not r.outcome.allowed:
                     self.count(r.tier.value, r.name, plan, DENIED)
-        # Shadow mode (QUOTA_SHADOW, the limit's `shadow` column) adds the results of
-        # shadow tiers that would have denied to the Decision; until it lands this
-        # reads nothing. Wire: self.count_shadow_denied(plan, decision.shadow_denied).
-        shadow = getattr(decision, "shadow_denied", None)
-        if isinstance(shadow, tuple | list) and shadow:
+        # Shadow tiers (QUOTA_SHADOW, a limit's `shadow` flag) that would have denied.
+        shadow = decision.shadow_denied
+        if shadow:
             self.count_shadow_denied(plan, ((r.tier.value, r.name) for r in shadow))
 
     def count_shadow_denied(self, plan: str, tiers: Iterable[tuple[str, str]]) -> None:

@@ -186,7 +186,7 @@ class PlanLimit(_TierRate, Model):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     plan_id: Mapped[int] = mapped_column(ForeignKey("quota_plans.id", ondelete="CASCADE"))
     algorithm: Mapped[str | None] = mapped_column(String(32))  # None: QUOTA_ALGORITHM
-    shadow: Mapped[bool] = mapped_column(Boolean, default=False)  # reserved: log, don't deny
+    shadow: Mapped[bool] = mapped_column(Boolean, default=False)  # decided, recorded, never denies
 
     plan: Mapped[PlanRecord] = relationship(back_populates="limits")
 

@@ -2,14 +2,42 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .algorithms import Algorithm
 from .rates import Rate, Rates, parse_rates
 from .tiers import Tier
 
-__all__ = ["DEFAULT_PLANS", "Plan", "PlanCatalog", "catalog_from_config"]
+__all__ = [
+    "DEFAULT_PLANS",
+    "ENFORCED",
+    "LimitMode",
+    "Plan",
+    "PlanCatalog",
+    "catalog_from_config",
+    "plan_config",
+    "plans_config",
+]
+
+_ALGORITHMS = ", ".join(repr(a.value) for a in Algorithm)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitMode:
+    """How one plan limit is applied, besides its rates."""
+
+    algorithm: Algorithm | None = None  # None: QUOTA_ALGORITHM
+    shadow: bool = False  # decided and recorded, never denies
+
+    @property
+    def default(self) -> bool:
+        """True when nothing differs from an enforced limit on ``QUOTA_ALGORITHM``."""
+        return self.algorithm is None and not self.shadow
+
+
+ENFORCED = LimitMode()
 
 
 @dataclass(frozen=True)
@@ -17,7 +45,10 @@ class Plan:
     """Rates of one plan. A tier without a rate does not apply to the plan.
 
     Each tier and resource holds ``Rates`` (one or more); a single ``Rate``
-    given here is taken as ``Rates`` of one.
+    given here is taken as ``Rates`` of one. ``modes`` holds each limit's
+    ``LimitMode`` by ``(tier, resource)`` (``("user", "")``,
+    ``("endpoint", "search")``); a limit missing there is enforced on
+    ``QUOTA_ALGORITHM``.
     """
 
     name: str
@@ -26,6 +57,7 @@ class Plan:
     resources: Mapping[str, Rates] = field(default_factory=dict)
     description: str = ""
     upgrade: str | None = None  # overrides the generated hint in 429 bodies
+    modes: Mapping[tuple[str, str], LimitMode] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("global_rate", "user_rate"):
@@ -42,6 +74,11 @@ class Plan:
         if tier is Tier.USER:
             return self.user_rate
         return self.resources.get(resource) if resource else None
+
+    def mode_for(self, tier: Tier, resource: str | None = None) -> LimitMode:
+        """The algorithm and shadow flag of one limit (enforced, ``QUOTA_ALGORITHM``, if unset)."""
+        key = (tier.value, (resource or "") if tier is Tier.ENDPOINT else "")
+        return self.modes.get(key, ENFORCED)
 
 
 class PlanCatalog(Mapping[str, Plan]):
@@ -122,7 +159,11 @@ DEFAULT_PLANS: dict[str, dict[str, Any]] = {
 
 
 def catalog_from_config(config: Mapping[str, Any], *, upgrade_url: str) -> PlanCatalog:
-    """Build plans from a ``QUOTA_PLANS``-style dict; errors name the plan and field."""
+    """Build plans from a ``QUOTA_PLANS``-style dict; errors name the plan and field.
+
+    Each tier or resource is a rate text (``"100/minute"``, ``"10/second, 1000/day"``)
+    or a dict ``{"rate": ..., "algorithm": "fixed_window", "shadow": true}``.
+    """
     if not isinstance(config, Mapping) or not config:
         raise ValueError("QUOTA_PLANS must be a non-empty dict of plan name -> settings")
     plans = []
@@ -133,18 +174,103 @@ def catalog_from_config(config: Mapping[str, Any], *, upgrade_url: str) -> PlanC
         unknown = set(spec) - {"global", "user", "resources", "description", "upgrade"}
         if unknown:
             raise ValueError(f"{where} has unknown fields {sorted(unknown)}")
+        modes: dict[tuple[str, str], LimitMode] = {}
+        rates: dict[tuple[str, str], Rates] = {}
+        raw_resources = spec.get("resources", {})
+        if not isinstance(raw_resources, Mapping):
+            raise ValueError(f"{where}['resources'] must be a dict of resource -> rate")
+        entries = [(Tier.GLOBAL, "", spec.get("global")), (Tier.USER, "", spec.get("user"))]
+        entries += [(Tier.ENDPOINT, str(k), v) for k, v in raw_resources.items()]
+        for tier, resource, value in entries:
+            if not value:
+                continue
+            field_name = f"['resources'][{resource!r}]" if resource else f"[{tier.value!r}]"
+            limit, mode = _limit_entry(value, where + field_name)
+            rates[(tier.value, resource)] = limit
+            if not mode.default:
+                modes[(tier.value, resource)] = mode
         try:
-            resources = {str(k): parse_rates(v) for k, v in dict(spec.get("resources", {})).items()}
             plans.append(
                 Plan(
                     name,
-                    parse_rates(spec["global"]) if spec.get("global") else None,
-                    parse_rates(spec["user"]) if spec.get("user") else None,
-                    resources,
+                    rates.get((Tier.GLOBAL.value, "")),
+                    rates.get((Tier.USER.value, "")),
+                    {r: x for (t, r), x in rates.items() if t == Tier.ENDPOINT.value},
                     str(spec.get("description", "")),
                     spec.get("upgrade"),
+                    modes,
                 )
             )
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{where}: {exc}") from None
     return PlanCatalog(plans, upgrade_url=upgrade_url)
+
+
+def _limit_entry(value: Any, where: str) -> tuple[Rates, LimitMode]:
+    """One tier's or resource's entry: a rate text, or a dict with ``rate``,
+    ``algorithm`` and ``shadow``."""
+    if not isinstance(value, Mapping):
+        try:
+            return parse_rates(value), ENFORCED
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    unknown = set(value) - {"rate", "algorithm", "shadow"}
+    if unknown:
+        raise ValueError(
+            f"{where} has unknown fields {sorted(unknown)}; use rate, algorithm, shadow"
+        )
+    if "rate" not in value:
+        raise ValueError(f"{where} needs a 'rate', e.g. {{'rate': '100/minute'}}")
+    try:
+        rates = parse_rates(value["rate"])
+    except ValueError as exc:
+        raise ValueError(f"{where}['rate']: {exc}") from None
+    algorithm = value.get("algorithm")
+    if algorithm is not None:
+        try:
+            algorithm = Algorithm(algorithm)
+        except ValueError:
+            raise ValueError(
+                f"{where}['algorithm']={algorithm!r} is not an algorithm; use one of {_ALGORITHMS} "
+                "(or leave it out for QUOTA_ALGORITHM)"
+            ) from None
+    shadow = value.get("shadow", False)
+    if not isinstance(shadow, bool):
+        raise ValueError(f"{where}['shadow']={shadow!r} must be true or false")
+    return rates, LimitMode(algorithm, shadow)
+
+
+def _entry(rates: Rates, mode: LimitMode) -> Any:
+    """A limit in the ``QUOTA_PLANS`` shape: the rate text, or a dict when it has a mode."""
+    if mode.default:
+        return str(rates)
+    entry: dict[str, Any] = {"rate": str(rates)}
+    if mode.algorithm is not None:
+        entry["algorithm"] = mode.algorithm.value
+    if mode.shadow:
+        entry["shadow"] = True
+    return entry
+
+
+def plan_config(plan: Plan) -> dict[str, Any]:
+    """One plan in the ``QUOTA_PLANS`` shape (what ``plans export`` writes)."""
+    spec: dict[str, Any] = {}
+    if plan.global_rate is not None:
+        spec["global"] = _entry(plan.global_rate, plan.mode_for(Tier.GLOBAL))
+    if plan.user_rate is not None:
+        spec["user"] = _entry(plan.user_rate, plan.mode_for(Tier.USER))
+    if plan.resources:
+        spec["resources"] = {
+            resource: _entry(rates, plan.mode_for(Tier.ENDPOINT, resource))
+            for resource, rates in plan.resources.items()
+        }
+    if plan.description:
+        spec["description"] = plan.description
+    if plan.upgrade is not None:
+        spec["upgrade"] = plan.upgrade
+    return spec
+
+
+def plans_config(plans: Iterable[Plan]) -> dict[str, dict[str, Any]]:
+    """Plans in the ``QUOTA_PLANS`` shape, in order."""
+    return {plan.name: plan_config(plan) for plan in plans}

@@ -6,16 +6,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .algorithms import Algorithm, Outcome
+from .algorithms import Algorithm, Gate, Outcome
 from .clock import seconds_until
 from .keys import KeyBuilder
-from .plans import Plan
+from .plans import ENFORCED, LimitMode, Plan
 from .rates import Rate, Rates
 from .storage import Check, Verdict
 from .tiers import Tier
+from .usage import SHADOW_DENIED, Mark
 
 __all__ = [
     "ANY_METHOD",
+    "SHADOW_DENIED",
     "Decision",
     "LimitSpec",
     "Policy",
@@ -26,6 +28,7 @@ __all__ = [
 
 # The method part of an endpoint key when one bucket serves every method.
 ANY_METHOD = "*"
+_GLOBAL, _USER = (Tier.GLOBAL.value, ""), (Tier.USER.value, "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +65,21 @@ class TierResult:
     rate: Rate
     outcome: Outcome
     resource: str | None = None
+    shadow: bool = False  # a shadow tier: decided and recorded, never denies
+
+    @property
+    def shadow_denied(self) -> bool:
+        """True for a shadow tier that would have denied."""
+        return self.shadow and not self.outcome.allowed
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """Every tier's outcome for one request."""
+    """Every tier's outcome for one request.
+
+    Shadow tiers' results are in ``results`` (and ``shadow_denied``), but never
+    in ``allowed``, ``denied``, ``closest`` or the headers built from them.
+    """
 
     plan: str
     results: tuple[TierResult, ...]
@@ -76,30 +89,41 @@ class Decision:
     def from_verdict(cls, plan: str, checks: list[TierCheck], verdict: Verdict) -> Decision:
         """Pair each check with the storage's outcome for it."""
         results = tuple(
-            TierResult(c.tier, c.name, c.check.rate, o, c.resource)
+            TierResult(c.tier, c.name, c.check.rate, o, c.resource, c.check.shadow)
             for c, o in zip(checks, verdict.outcomes, strict=True)
         )
         return cls(plan, results, verdict.now_us)
 
     @property
+    def enforced(self) -> tuple[TierResult, ...]:
+        """The results of the tiers that may deny (every tier but the shadow ones)."""
+        return tuple(r for r in self.results if not r.shadow)
+
+    @property
     def allowed(self) -> bool:
-        """True when every tier allowed the request."""
-        return all(r.outcome.allowed for r in self.results)
+        """True when every enforced tier allowed the request."""
+        return all(r.outcome.allowed or r.shadow for r in self.results)
 
     @property
     def denied(self) -> TierResult | None:
-        """The denying tier that makes the caller wait longest."""
-        denied = [r for r in self.results if not r.outcome.allowed]
+        """The denying (enforced) tier that makes the caller wait longest."""
+        denied = [r for r in self.results if not r.outcome.allowed and not r.shadow]
         return max(denied, key=lambda r: r.outcome.retry_after_us) if denied else None
 
     @property
-    def closest(self) -> TierResult | None:
-        """The tier nearest its limit: fewest remaining; ties go to the latest reset."""
-        if not self.results:
-            return None
-        return min(self.results, key=lambda r: (r.outcome.remaining, -r.outcome.reset_us))
+    def shadow_denied(self) -> tuple[TierResult, ...]:
+        """The shadow tiers that would have denied this request (they did not)."""
+        return tuple(r for r in self.results if r.shadow and not r.outcome.allowed)
 
-    def adjusted(self, delta: int, algorithm: Algorithm) -> Decision:
+    @property
+    def closest(self) -> TierResult | None:
+        """The enforced tier nearest its limit: fewest remaining; ties go to the latest reset."""
+        enforced = self.enforced
+        if not enforced:
+            return None
+        return min(enforced, key=lambda r: (r.outcome.remaining, -r.outcome.reset_us))
+
+    def adjusted(self, delta: int, algorithm: Algorithm | Gate) -> Decision:
         """This decision with ``delta`` units more room on the endpoint tier (a refund
         is positive, a charge after the fact negative), for the response headers.
 
@@ -118,11 +142,17 @@ class Decision:
             results.append(r)
         return Decision(self.plan, tuple(results), self.now_us)
 
-    def usage_outcomes(self) -> list[tuple[str, bool]]:
-        """(tier name, allowed) to count: every tier if admitted, else the denying ones."""
+    def usage_outcomes(self) -> list[tuple[str, Mark]]:
+        """(tier name, outcome) to count: every tier if admitted, else the denying
+        ones; the outcome is True (allowed), False (denied) or ``SHADOW_DENIED``
+        for a shadow tier that would have denied (counted either way)."""
         if self.allowed:
-            return [(r.name, True) for r in self.results]
-        return [(r.name, False) for r in self.results if not r.outcome.allowed]
+            return [(r.name, SHADOW_DENIED if r.shadow_denied else True) for r in self.results]
+        return [
+            (r.name, SHADOW_DENIED if r.shadow else False)
+            for r in self.results
+            if not r.outcome.allowed
+        ]
 
     def seconds_until(self, at_us: int) -> int:
         """Whole seconds from now until ``at_us``, rounded up."""
@@ -141,9 +171,10 @@ def policy_name(name: str, rates: Rates, index: int) -> str:
 class Policy:
     """Turns (plan, caller, endpoint) into storage checks; no Flask here."""
 
-    def __init__(self, keys: KeyBuilder, algorithm: Algorithm) -> None:
+    def __init__(self, keys: KeyBuilder, algorithm: Algorithm, *, shadow: bool = False) -> None:
         self.keys = keys
-        self.algorithm = algorithm
+        self.algorithm = algorithm  # QUOTA_ALGORITHM: a limit without its own algorithm
+        self.shadow = shadow  # QUOTA_SHADOW: every tier is a shadow tier
 
     def checks(
         self,
@@ -172,7 +203,7 @@ class Policy:
     def endpoint_checks(self, checks: list[TierCheck], cost: int) -> list[Check]:
         """The endpoint tier's checks among ``checks``, each weighing ``cost``."""
         return [
-            Check(c.check.key, c.check.algorithm, c.check.rate, cost)
+            Check(c.check.key, c.check.algorithm, c.check.rate, cost, c.check.shadow)
             for c in checks
             if c.tier is Tier.ENDPOINT
         ]
@@ -198,22 +229,27 @@ class Policy:
     def _caller_checks(
         self, plan: Plan, ip_tag: str | None, tag: str, cost: int
     ) -> list[TierCheck]:
-        algorithm, checks = self.algorithm, []
+        checks: list[TierCheck] = []
         rates = plan.global_rate
         if rates is not None and ip_tag is not None:
+            mode = plan.modes.get(_GLOBAL, ENFORCED) if plan.modes else ENFORCED
+            algorithm = mode.algorithm or self.algorithm
             key = self.keys.global_key(ip_tag, algorithm)
-            if len(rates) == 1:  # the common case, without the loop
-                check = Check(key, algorithm, rates[0], cost)
+            if len(rates) == 1 and mode is ENFORCED:  # the common case, without the loop
+                check = Check(key, algorithm, rates[0], cost, self.shadow)
                 checks.append(TierCheck(Tier.GLOBAL, "global", check))
             else:
-                self._each_rate(checks, Tier.GLOBAL, "global", key, rates, cost, None)
+                self._each_rate(checks, Tier.GLOBAL, "global", key, rates, cost, None, mode)
         rates = plan.user_rate
         if rates is not None:
+            mode = plan.modes.get(_USER, ENFORCED) if plan.modes else ENFORCED
+            algorithm = mode.algorithm or self.algorithm
             key = self.keys.user_key(tag, algorithm)
-            if len(rates) == 1:
-                checks.append(TierCheck(Tier.USER, "user", Check(key, algorithm, rates[0], cost)))
+            if len(rates) == 1 and mode is ENFORCED:
+                check = Check(key, algorithm, rates[0], cost, self.shadow)
+                checks.append(TierCheck(Tier.USER, "user", check))
             else:
-                self._each_rate(checks, Tier.USER, "user", key, rates, cost, None)
+                self._each_rate(checks, Tier.USER, "user", key, rates, cost, None, mode)
         return checks
 
     def _endpoint_checks(
@@ -228,12 +264,15 @@ class Policy:
         name: str,
     ) -> None:
         """Append the endpoint tier's checks; the plan's rates for ``resource`` win
-        over the decorator's literal rates."""
-        rates = plan.resources.get(resource) or spec.rate
+        over the decorator's literal rates (which are enforced on ``QUOTA_ALGORITHM``)."""
+        rates = plan.resources.get(resource)
+        mode = plan.mode_for(Tier.ENDPOINT, resource) if rates else ENFORCED
+        rates = rates or spec.rate
         if rates is None:
             return
-        key = self.keys.endpoint_key(tag, spec.method_of(method), resource, self.algorithm)
-        self._each_rate(checks, Tier.ENDPOINT, name, key, rates, cost, resource)
+        algorithm = mode.algorithm or self.algorithm
+        key = self.keys.endpoint_key(tag, spec.method_of(method), resource, algorithm)
+        self._each_rate(checks, Tier.ENDPOINT, name, key, rates, cost, resource, mode)
 
     def _each_rate(
         self,
@@ -244,10 +283,12 @@ class Policy:
         rates: Rates,
         cost: int,
         resource: str | None,
+        mode: LimitMode,
     ) -> None:
         """One check per rate; a further rate's key and name carry its window."""
-        algorithm = self.algorithm
+        algorithm = mode.algorithm or self.algorithm
+        shadow = mode.shadow or self.shadow
         for i, rate in enumerate(rates):
             rate_key = key if i == 0 else f"{key}@{rate.window}"
-            check = Check(rate_key, algorithm, rate, cost)
+            check = Check(rate_key, algorithm, rate, cost, shadow)
             checks.append(TierCheck(tier, policy_name(name, rates, i), check, resource))

@@ -17,7 +17,7 @@ from .breaker import DEFAULT_THRESHOLD
 from .plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
 from .rates import ACCEPTED, Rate, parse_rate
 
-__all__ = ["DEFAULTS", "DOCS", "FailMode", "HeaderMode", "Settings", "reference"]
+__all__ = ["DEFAULTS", "DOCS", "FailMode", "HeaderMode", "PlansSource", "Settings", "reference"]
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -37,6 +37,13 @@ class FailMode(StrEnum):
     OPEN = "open"
     CLOSED = "closed"
     LOCAL = "local"
+
+
+class PlansSource(StrEnum):
+    """Who owns the plans (``QUOTA_PLANS_SOURCE``)."""
+
+    DATABASE = "database"  # QUOTA_PLANS seeds SQL once; operators edit SQL
+    CONFIG = "config"  # QUOTA_PLANS is applied to SQL at every start
 
 
 DEFAULTS: dict[str, Any] = {
@@ -63,6 +70,8 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_BLOCK_AFTER": None,  # e.g. "20/minute": a caller denied more often is blocked
     "QUOTA_BLOCK_FOR": 600,  # seconds such a block lasts
     "QUOTA_METRICS_URL": None,  # e.g. "/metrics": Prometheus exposition (flask-quota[metrics])
+    "QUOTA_SHADOW": False,  # every tier is decided and recorded, nothing is denied
+    "QUOTA_PLANS_SOURCE": "database",  # or "config": QUOTA_PLANS is applied to SQL at start
 }
 
 # What each key means: the configuration reference (README, docs and init_app's
@@ -116,6 +125,17 @@ DOCS["QUOTA_METRICS_URL"] = (
     "``pip install 'flask-quota[metrics]'``); ``None``: no metrics. Several gunicorn workers "
     "need ``PROMETHEUS_MULTIPROC_DIR``: see Operations."
 )
+DOCS["QUOTA_SHADOW"] = (
+    "Shadow mode for every tier: each is decided and recorded (``shadow_denied`` in usage, "
+    "``signals.quota_shadow_exceeded``), nothing is denied. A plan limit can also be shadow "
+    "on its own (its ``shadow`` flag)."
+)
+DOCS["QUOTA_PLANS_SOURCE"] = (
+    "Who owns the plans: ``database`` (``QUOTA_PLANS`` seeds the SQL tables once, then SQL "
+    "is the truth and a start-up warning names every difference from ``QUOTA_PLANS``) or "
+    "``config`` (``QUOTA_PLANS`` is applied to SQL at every start, audited; plans are "
+    "read-only on the dashboard and in the CLI). Clients and overrides are never touched."
+)
 
 # Read by the dashboard when it is mounted (dashboard/auth.py), not by Settings.
 DASHBOARD_DOCS: dict[str, str] = {
@@ -165,6 +185,9 @@ class Settings:
     block_after: Rate | None = None
     block_for: int = 600
     metrics_url: str | None = None
+    shadow: bool = False
+    plans_source: PlansSource = PlansSource.DATABASE
+    plans_configured: bool = False  # QUOTA_PLANS was given (not the built-in plans)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -205,6 +228,9 @@ class Settings:
             block_after=_block_after(get, "QUOTA_BLOCK_AFTER"),
             block_for=_whole_seconds(get, "QUOTA_BLOCK_FOR"),
             metrics_url=_path(get, "QUOTA_METRICS_URL", "/metrics"),
+            shadow=_flag(get, "QUOTA_SHADOW"),
+            plans_source=_choice(get, "QUOTA_PLANS_SOURCE", PlansSource),
+            plans_configured=bool(raw_plans),
         )
         for key in ("QUOTA_DEFAULT_PLAN", "QUOTA_ANONYMOUS_PLAN"):
             if get[key] not in plans:

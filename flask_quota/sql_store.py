@@ -67,6 +67,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.pool import StaticPool
 
+from .algorithms import Algorithm
 from .identity import Identity
 from .models import (
     SCHEMA_REVISION,
@@ -78,7 +79,7 @@ from .models import (
     copy_tables,
     metadata,
 )
-from .plans import Plan, PlanCatalog
+from .plans import LimitMode, Plan, PlanCatalog
 from .rates import Rates, parse_rates
 from .settings import Settings
 from .snapshot import KeyEntry, OverrideRule, SqlCatalog
@@ -196,6 +197,7 @@ class SqlStore:
         self._swap_lock = threading.Lock()  # never replace a snapshot with an older one
         self._ready_lock = threading.Lock()  # one table setup at a time in this process
         self._listeners: list[Callable[[], None]] = []
+        self._ready_listeners: list[Callable[[], None]] = []
         if db is not None:
             # The host's `db.create_all()` and `flask db migrate` then include our tables.
             copy_tables(db.metadata)
@@ -417,12 +419,25 @@ class SqlStore:
         if self._ready:
             return
         locked = self._ready_lock.acquire(timeout=2 * CONNECT_TIMEOUT)
+        made = False
         try:
             if not self._ready:
                 self._create_and_seed()
+                made = True
         finally:
             if locked:
                 self._ready_lock.release()
+        if made:
+            for listener in self._ready_listeners:
+                try:
+                    listener()
+                except Exception as exc:
+                    log.error("flask-quota: start-up plan check failed: %s", _one_line(exc))
+
+    def on_ready(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` once in this process, when the tables are first ready
+        (the plans-source check of ``plansync.at_start``)."""
+        self._ready_listeners.append(listener)
 
     def _create_and_seed(self) -> None:
         began = time.monotonic()
@@ -656,21 +671,48 @@ def plan_record(plan: Plan, position: int) -> PlanRecord:
     record = PlanRecord(
         name=plan.name, description=plan.description, upgrade_hint=plan.upgrade, position=position
     )
-    if plan.global_rate is not None:
-        record.limits.append(PlanLimit(tier="global", resource="", rate=str(plan.global_rate)))
-    if plan.user_rate is not None:
-        record.limits.append(PlanLimit(tier="user", resource="", rate=str(plan.user_rate)))
-    for resource, rate in plan.resources.items():
-        record.limits.append(PlanLimit(tier="endpoint", resource=resource, rate=str(rate)))
+    record.limits.extend(limit_rows(plan))
     return record
 
 
+def limit_rows(plan: Plan) -> list[PlanLimit]:
+    """New ``PlanLimit`` rows for every limit of ``plan``, with algorithm and shadow."""
+    rows = []
+    for tier, resource, rates in plan_limits(plan):
+        mode = plan.mode_for(tier, resource)
+        algorithm = mode.algorithm.value if mode.algorithm is not None else None
+        rows.append(
+            PlanLimit(
+                tier=tier.value,
+                resource=resource,
+                rate=str(rates),
+                algorithm=algorithm,
+                shadow=mode.shadow,
+            )
+        )
+    return rows
+
+
+def plan_limits(plan: Plan) -> list[tuple[Tier, str, Rates]]:
+    """(tier, resource or "", rates) of every limit of ``plan``."""
+    limits = [(Tier.GLOBAL, "", plan.global_rate), (Tier.USER, "", plan.user_rate)]
+    limits += [(Tier.ENDPOINT, resource, rates) for resource, rates in plan.resources.items()]
+    return [(tier, resource, rates) for tier, resource, rates in limits if rates is not None]
+
+
 def plan_from_record(record: PlanRecord) -> Plan:
+    """The ``Plan`` a row and its limits describe (with each limit's algorithm and shadow)."""
     rates: dict[tuple[str, str], Rates] = {}
+    modes: dict[tuple[str, str], LimitMode] = {}
     for limit in record.limits:
-        rate = _parse_stored(limit.rate, f"plan {record.name!r} {limit.tier} {limit.resource}")
-        if rate is not None:
-            rates[(limit.tier, limit.resource)] = rate
+        where = f"plan {record.name!r} {limit.tier} {limit.resource}"
+        rate = _parse_stored(limit.rate, where)
+        if rate is None:
+            continue
+        rates[(limit.tier, limit.resource)] = rate
+        mode = LimitMode(_stored_algorithm(limit.algorithm, where), bool(limit.shadow))
+        if not mode.default:
+            modes[(limit.tier, limit.resource)] = mode
     return Plan(
         record.name,
         rates.get((Tier.GLOBAL.value, "")),
@@ -678,7 +720,19 @@ def plan_from_record(record: PlanRecord) -> Plan:
         {res: rate for (tier, res), rate in rates.items() if tier == Tier.ENDPOINT.value},
         record.description or "",
         record.upgrade_hint,
+        modes,
     )
+
+
+def _stored_algorithm(name: str | None, where: str) -> Algorithm | None:
+    # Validated on write; a row edited by hand into nonsense falls back to QUOTA_ALGORITHM.
+    if name is None:
+        return None
+    try:
+        return Algorithm(name)
+    except ValueError:
+        log.error("flask-quota: %s has unknown algorithm %r; using QUOTA_ALGORITHM", where, name)
+        return None
 
 
 def _rule(row: Override) -> OverrideRule | None:

@@ -1,5 +1,8 @@
 """Usage recording for the dashboard: allowed/denied counts per minute, tier and identity.
 
+Each tier's count is marked True (allowed), False (denied) or ``SHADOW_DENIED``
+(a shadow tier that would have denied; the request was not denied by it).
+
 Nothing here touches the request's storage round trip: ``UsageRecorder.record``
 only bumps in-process counters; a background thread flushes them to a sink
 about once a second (on Redis, one script call per minute and 500 callers in
@@ -29,7 +32,9 @@ from typing import Any, Protocol, runtime_checkable
 __all__ = [
     "HOUR",
     "REQUESTS",
+    "SHADOW_DENIED",
     "TOP_KEPT",
+    "Mark",
     "MemoryUsageSink",
     "MinuteUsage",
     "RedisUsageSink",
@@ -51,8 +56,14 @@ _US_PER_MINUTE = 60_000_000
 Clock = Callable[[], int]
 """Microseconds, like the storages' clocks (``flask_quota.storage.Clock``)."""
 
-Batch = dict[tuple[int, str, str, bool], int]  # (minute, identity, tier name, allowed) -> count
+SHADOW_DENIED = "shadow_denied"
+"""The mark of a shadow tier that would have denied (``Decision.usage_outcomes``)."""
+Mark = bool | str
+"""A tier's outcome in usage: True allowed, False denied, or ``SHADOW_DENIED``."""
+Batch = dict[tuple[int, str, str, Mark], int]  # (minute, identity, tier name, mark) -> count
 REQUESTS = "*"  # the tier name under which whole requests are counted per identity
+_FLAGS: dict[Mark, str] = {True: "a", False: "d", SHADOW_DENIED: "s"}  # Redis field suffixes
+_MARKS: dict[str, Mark] = {flag: mark for mark, flag in _FLAGS.items()}
 
 
 def _wall_clock_us() -> int:
@@ -61,11 +72,11 @@ def _wall_clock_us() -> int:
 
 @dataclass
 class MinuteUsage:
-    """Counts of one minute: per (tier name, allowed), per identity, and whole
+    """Counts of one minute: per (tier name, mark), per identity, and whole
     requests by admitted (True) or denied (False)."""
 
     minute: int
-    tiers: Counter[tuple[str, bool]] = field(default_factory=Counter)
+    tiers: Counter[tuple[str, Mark]] = field(default_factory=Counter)
     identities: Counter[str] = field(default_factory=Counter)
     requests: Counter[bool] = field(default_factory=Counter)
 
@@ -128,7 +139,7 @@ class _Minute:
             self.plans[identity] = plan
         self._bound()
 
-    def add_tier(self, identity: str, pair: tuple[str, bool], index: int, count: int) -> None:
+    def add_tier(self, identity: str, pair: tuple[str, Mark], index: int, count: int) -> None:
         self.usage.tiers[pair] += count
         counts = self.counts.get(identity)
         if counts is None:
@@ -160,10 +171,10 @@ class MemoryUsageSink:
         self.clock = clock
         self._lock = threading.Lock()
         self._minutes: dict[int, _Minute] = {}
-        # (tier name, allowed) -> its index in the count lists; names come from
+        # (tier name, mark) -> its index in the count lists; names come from
         # the app's tiers and resources, never from clients, so this stays small.
-        self._index: dict[tuple[str, bool], int] = {}
-        self._pairs: list[tuple[str, bool]] = []
+        self._index: dict[tuple[str, Mark], int] = {}
+        self._pairs: list[tuple[str, Mark]] = []
 
     def add(self, batch: Batch, plans: dict[str, str]) -> None:
         """Add a flushed batch of counts and the plans its identities were seen on."""
@@ -171,19 +182,19 @@ class MemoryUsageSink:
             first = self.clock() // _US_PER_MINUTE - HOUR + 1  # the oldest minute kept
             for old in [m for m in self._minutes if m < first]:
                 del self._minutes[old]
-            for (minute, identity, tier, allowed), count in batch.items():
+            for (minute, identity, tier, mark), count in batch.items():
                 held = self._minutes.get(minute)
                 if held is None:
                     if minute < first:
                         continue  # aged out before it arrived
                     held = self._minutes[minute] = _Minute(minute)
                 if tier == REQUESTS:
-                    held.add_request(identity, allowed, count, plans.get(identity))
+                    held.add_request(identity, mark is True, count, plans.get(identity))
                     continue
-                index = self._index.get((tier, allowed))
+                index = self._index.get((tier, mark))
                 if index is None:
-                    index = self._index[(tier, allowed)] = len(self._pairs)
-                    self._pairs.append((tier, allowed))
+                    index = self._index[(tier, mark)] = len(self._pairs)
+                    self._pairs.append((tier, mark))
                 held.add_tier(identity, self._pairs[index], index, count)
 
     def minutes(self, last: int, now_minute: int) -> list[MinuteUsage]:
@@ -228,7 +239,8 @@ class RedisUsageSink:
     Three keys per minute, however many callers, in one hash slot (the minute
     is the hash tag) and expiring a little over an hour after the last write.
     For ``prefix`` "quota" and minute 29000000:
-    ``quota:usage:{29000000}:t`` hash "tier|a"/"tier|d" -> count;
+    ``quota:usage:{29000000}:t`` hash "tier|a"/"tier|d"/"tier|s" (allowed, denied,
+    shadow-denied) -> count;
     ``quota:usage:{29000000}:top`` sorted set identity -> requests, the
     ``TOP_KEPT`` busiest; ``quota:usage:{29000000}:ids`` hash identity ->
     JSON plan and tier counts, for the identities in ``top`` only (see
@@ -254,8 +266,8 @@ class RedisUsageSink:
         tiers: defaultdict[int, defaultdict[str, dict[str, int]]] = defaultdict(
             lambda: defaultdict(dict)
         )
-        for (minute, identity, tier, allowed), count in batch.items():
-            name = f"{tier}|{'a' if allowed else 'd'}"
+        for (minute, identity, tier, mark), count in batch.items():
+            name = f"{tier}|{_FLAGS[mark]}"
             totals[minute][name] += count
             if tier == REQUESTS:
                 requests[minute][identity] += count
@@ -341,11 +353,11 @@ def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
-def _tier_counts(raw: dict[Any, Any]) -> Counter[tuple[str, bool]]:
-    counts: Counter[tuple[str, bool]] = Counter()
+def _tier_counts(raw: dict[Any, Any]) -> Counter[tuple[str, Mark]]:
+    counts: Counter[tuple[str, Mark]] = Counter()
     for name, value in raw.items():
         tier, _, flag = _text(name).rpartition("|")
-        counts[(tier, flag == "a")] += int(value)
+        counts[(tier, _MARKS.get(flag, False))] += int(value)
     return counts
 
 
@@ -367,18 +379,19 @@ class UsageRecorder:
         self._dropped = 0
         self._thread_pid: int | None = None
 
-    def record(self, identity: str, plan: str, outcomes: Iterable[tuple[str, bool]]) -> None:
-        """Count one request: ``outcomes`` is (tier name, allowed) per applied tier."""
+    def record(self, identity: str, plan: str, outcomes: Iterable[tuple[str, Mark]]) -> None:
+        """Count one request: ``outcomes`` is (tier name, mark) per applied tier; the
+        request was admitted unless a tier is marked False (denied)."""
         minute = self.sink.clock() // _US_PER_MINUTE
         with self._lock:
             if len(self._pending) >= self.max_pending:
                 self._dropped += 1  # the sink is unreachable or slow; drop, never grow
                 return
             admitted = True
-            for tier, allowed in outcomes:
-                key = (minute, identity, tier, allowed)
+            for tier, mark in outcomes:
+                key = (minute, identity, tier, mark)
                 self._pending[key] = self._pending.get(key, 0) + 1
-                admitted = admitted and allowed
+                admitted = admitted and mark is not False
             key = (minute, identity, REQUESTS, admitted)
             self._pending[key] = self._pending.get(key, 0) + 1
             self._plans[identity] = plan

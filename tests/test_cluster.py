@@ -428,3 +428,23 @@ def test_killed_master_fails_open_then_limits_return(flushed: Cluster, app: Flas
     finally:
         master.start()  # rejoins as a replica of the promoted node
         flushed.wait_healthy()
+
+
+def test_a_shadow_denial_in_one_slot_is_no_denial(flushed: Cluster) -> None:
+    """A shadow check that would deny in one slot neither denies the request nor makes
+    the other slot refund; it is not charged, while the enforced check is."""
+    clock = FrozenClock(1_700_000_000.0)
+    storage = ClusterStorage.from_url(flushed.url, timeout=2, clock=clock)
+    fw = Algorithm.FIXED_WINDOW
+    glob = Check("quota:{ip=10.0.0.9}:g:fw", fw, parse_rate("50/hour"), 1)
+    user = Check("quota:{id=sam}:u:fw", fw, parse_rate("1/hour"), 1, shadow=True)
+    assert len(slot_groups([glob, user])) == 2
+    try:
+        verdicts = [storage.decide([glob, user]) for _ in range(3)]
+        assert all(v.allowed for v in verdicts)
+        assert [v.outcomes[1].allowed for v in verdicts] == [True, False, False]
+        assert _raw(flushed, glob.key).endswith(b":3")  # every request charged globally
+        assert _raw(flushed, user.key).endswith(b":1")  # the shadow check only while it allowed
+        assert storage.refund_failures == 0
+    finally:
+        storage.close()

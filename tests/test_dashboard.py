@@ -175,7 +175,7 @@ def test_request_appears_on_the_overview(ops_app: Flask) -> None:
     flush(ops_app)
     data = http.get("/quota/api/overview", headers=OPS).get_json()
     assert (data["allowed"], data["denied"]) == (2, 1)  # requests, not tier checks
-    assert data["tiers"]["ai"] == {"allowed": 2, "denied": 1}
+    assert data["tiers"]["ai"] == {"allowed": 2, "denied": 1, "shadow_denied": 0}
     top = data["top"][0]
     assert (top["tag"], top["name"], top["requests"]) == ("id=ada", "ada", 3)
     assert top["closest"] == {"name": "ai (POST)", "remaining": 0, "limit": 2}

@@ -129,7 +129,6 @@ def test_every_scrape_reports_the_whole_apps_decisions(
             assert not any(identity in value for value in labels)
 
 
-@pytest.mark.xfail(strict=True, reason="needs h-ops shadow mode")
 def test_shadow_mode_denies_nothing_and_every_scrape_counts_what_it_would_deny(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:

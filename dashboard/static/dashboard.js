@@ -61,6 +61,7 @@
       cell(tr, name);
       cell(tr, String(tiers[name].allowed));
       cell(tr, String(tiers[name].denied));
+      cell(tr, String(tiers[name].shadow_denied));  // shadow tiers: would have denied
       body.appendChild(tr);
     });
   }

@@ -18,6 +18,7 @@ __all__ = [
     "Storage",
     "StorageError",
     "Verdict",
+    "shadow_flags",
     "wall_clock_us",
     "wraps_errors",
 ]
@@ -28,25 +29,43 @@ R = TypeVar("R")
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """One tier's question to the storage: may ``cost`` units pass on ``key``?"""
+    """One tier's question to the storage: may ``cost`` units pass on ``key``?
+
+    A ``shadow`` check is decided like any other but never denies: when it would,
+    it is not charged and the other checks are decided as if it were absent.
+    """
 
     key: str
     algorithm: Algorithm | Gate
     rate: Rate
     cost: int
+    shadow: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """The answer for all checks of one request, decided atomically."""
+    """The answer for all checks of one request, decided atomically.
+
+    ``shadow`` flags the shadow checks (parallel to ``outcomes``; empty when
+    there are none): their denials do not deny.
+    """
 
     now_us: int
     outcomes: tuple[Outcome, ...]
+    shadow: tuple[bool, ...] = ()
 
     @property
     def allowed(self) -> bool:
-        """True when every check allowed."""
-        return all(o.allowed for o in self.outcomes)
+        """True when every enforced check allowed (a shadow denial does not deny)."""
+        if not self.shadow:
+            return all(o.allowed for o in self.outcomes)
+        return all(o.allowed or s for o, s in zip(self.outcomes, self.shadow, strict=True))
+
+
+def shadow_flags(checks: Sequence[Check]) -> tuple[bool, ...]:
+    """``Verdict.shadow`` for ``checks``: empty when none is a shadow check."""
+    flags = tuple(c.shadow for c in checks)
+    return flags if any(flags) else ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,13 +29,23 @@ from redis.retry import Retry
 
 from ..algorithms import Outcome
 from ..usage import RedisUsageSink, UsageSink
-from .base import BlockEntry, Check, Clock, StorageError, Verdict, wall_clock_us, wraps_errors
+from .base import (
+    BlockEntry,
+    Check,
+    Clock,
+    StorageError,
+    Verdict,
+    shadow_flags,
+    wall_clock_us,
+    wraps_errors,
+)
 from .redis import (
     CHARGE_SCRIPT,
     REDIS_ERRORS,
     REFUND_SCRIPT,
     SCRIPT,
     charge_args,
+    decide_args,
     parse_reply,
     read_blocks,
     refund_args,
@@ -190,12 +200,8 @@ class ClusterStorage:
         now_arg = "" if self._clock is None else self._clock()
         calls = []
         for group in groups:
-            args: list[Any] = [mode, now_arg]
-            for i in group:
-                rate = checks[i].rate
-                args += [checks[i].algorithm.code, rate.limit, rate.window_us, rate.capacity]
-                args.append(checks[i].cost)
-            calls.append(([checks[i].key for i in group], args))
+            part = [checks[i] for i in group]
+            calls.append(([c.key for c in part], decide_args(part, mode, now_arg)))
         results: list[Any] = []
         for group, reply in zip(groups, self._together(client, decide, calls), strict=True):
             if isinstance(reply, BaseException):
@@ -222,7 +228,14 @@ class ClusterStorage:
         now_arg = "" if self._clock is None else self._clock()
         calls = []
         for group, verdict in charged:
-            part = [checks[i] for i in group]
+            # A slot's shadow checks that would have denied were not charged there.
+            part = [
+                checks[i]
+                for i, outcome in zip(group, verdict.outcomes, strict=True)
+                if outcome.allowed
+            ]
+            if not part:
+                continue
             calls.append(([c.key for c in part], refund_args(part, now_arg, verdict.now_us)))
         for reply in self._together(client, refund, calls):
             if isinstance(reply, BaseException):
@@ -312,4 +325,4 @@ def merge(checks: Sequence[Check], groups: list[list[int]], verdicts: list[Verdi
         shift = now - verdict.now_us
         for i, outcome in zip(group, verdict.outcomes, strict=True):
             outcomes[i] = replace(outcome, reset_us=outcome.reset_us + shift) if shift else outcome
-    return Verdict(now, tuple(o for o in outcomes if o is not None))
+    return Verdict(now, tuple(o for o in outcomes if o is not None), shadow_flags(checks))

@@ -11,7 +11,7 @@ from typing import Any
 from ..adjust import CHARGES, REFUNDS, Change
 from ..algorithms import ALGORITHMS, Algorithm, Step
 from ..usage import MemoryUsageSink, UsageSink
-from .base import BlockEntry, Check, Clock, Verdict, wall_clock_us
+from .base import BlockEntry, Check, Clock, Verdict, shadow_flags, wall_clock_us
 
 __all__ = ["MemoryStorage"]
 
@@ -117,12 +117,14 @@ class MemoryStorage:
                 entry = data.get(check.key)
                 state = entry[0] if entry is not None and entry[1] > now else None
                 step = ALGORITHMS[check.algorithm](state, now, check.rate, check.cost)
-                allowed = allowed and step.outcome.allowed
+                allowed = allowed and (step.outcome.allowed or check.shadow)
                 steps.append(step)
-            verdict = Verdict(now, tuple([step.outcome for step in steps]))
+            outcomes = tuple([step.outcome for step in steps])
+            verdict = Verdict(now, outcomes, shadow_flags(checks))
             if commit and allowed:
                 for check, step in zip(checks, steps, strict=True):
-                    self._store(check.key, step.state, step.ttl_us, now)
+                    if step.outcome.allowed:  # a shadow check that would deny is not charged
+                        self._store(check.key, step.state, step.ttl_us, now)
             return verdict
 
     def _live(self, key: str, now: int) -> Any:

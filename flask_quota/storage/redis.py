@@ -13,14 +13,16 @@ from redis.retry import Retry
 
 from ..algorithms import Outcome
 from ..usage import RedisUsageSink, UsageSink
-from .base import BlockEntry, Check, Clock, Verdict, wraps_errors
+from .base import BlockEntry, Check, Clock, Verdict, shadow_flags, wraps_errors
 
 __all__ = [
     "CHARGE_SCRIPT",
     "REDIS_ERRORS",
     "REFUND_SCRIPT",
     "SCRIPT",
+    "SHADOW_MARK",
     "RedisStorage",
+    "decide_args",
     "parse_reply",
     "read_blocks",
 ]
@@ -50,6 +52,19 @@ def _script(*parts: str) -> str:
 SCRIPT = _script(*_PARTS)
 REFUND_SCRIPT = _script("common.lua", "refund.lua")  # undo a charge (charge_when, Cluster)
 CHARGE_SCRIPT = _script("common.lua", "charge.lua")  # charge past the limit (quota.charge)
+
+
+SHADOW_MARK = "~"  # before a check's algorithm code in decide.lua's ARGV: a shadow check
+
+
+def decide_args(checks: Sequence[Check], mode: str, now_arg: Any) -> list[Any]:
+    """ARGV of ``decide.lua``; a shadow check's code carries ``SHADOW_MARK`` ("~tb")."""
+    args: list[Any] = [mode, now_arg]
+    for check in checks:
+        rate, code = check.rate, check.algorithm.code
+        args += [SHADOW_MARK + code if check.shadow else code, rate.limit, rate.window_us]
+        args += [rate.capacity, check.cost]
+    return args
 
 
 def refund_args(checks: Sequence[Check], now_arg: Any, charged_at_us: int) -> list[Any]:
@@ -150,10 +165,7 @@ class RedisStorage:
 
     @wraps_errors(*REDIS_ERRORS)
     def _call(self, mode: str, checks: Sequence[Check]) -> Verdict:
-        args: list[Any] = [mode, "" if self._clock is None else self._clock()]
-        for check in checks:
-            rate = check.rate
-            args += [check.algorithm.code, rate.limit, rate.window_us, rate.capacity, check.cost]
+        args = decide_args(checks, mode, "" if self._clock is None else self._clock())
         reply = self._script(keys=[c.key for c in checks], args=args)
         return parse_reply(reply, checks)
 
@@ -189,4 +201,4 @@ def parse_reply(reply: Sequence[int], checks: Sequence[Check]) -> Verdict:
         )
         for i, check in enumerate(checks)
     )
-    return Verdict(int(reply[0]), outcomes)
+    return Verdict(int(reply[0]), outcomes, shadow_flags(checks))

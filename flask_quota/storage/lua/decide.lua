@@ -3,7 +3,9 @@
 -- ARGV[1]: "decide" or "peek" (peek never writes).
 -- ARGV[2]: "" to use the Redis server clock (production); an integer
 --          microsecond time only from flask_quota.testing.
--- ARGV[3 + 5*(i-1) ...]: algorithm code, limit, window_us, capacity, cost.
+-- ARGV[3 + 5*(i-1) ...]: algorithm code, limit, window_us, capacity, cost. A code
+--          starting with "~" ("~tb") marks a shadow check: its denial does not deny
+--          (all_allowed ignores it) and it is charged only when it allows.
 -- Returns {now, all_allowed, then per tier: allowed, remaining, reset_us, retry_us}.
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 
@@ -25,16 +27,21 @@ local results = {}
 local all_allowed = 1
 for i, key in ipairs(KEYS) do
   local a = 3 + 5 * (i - 1)
-  local algorithm = algorithms[ARGV[a]]
+  local code = ARGV[a]
+  local shadow = string.byte(code, 1) == 126 -- "~"
+  if shadow then code = string.sub(code, 2) end
+  local algorithm = algorithms[code]
   if algorithm == nil then return redis.error_reply('flask-quota: unknown algorithm ' .. tostring(ARGV[a])) end
   local r = algorithm(key, now, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
                       tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]))
-  if r[1] == 0 then all_allowed = 0 end
+  if r[1] == 0 and not shadow then all_allowed = 0 end
   results[i] = r
 end
 
 if all_allowed == 1 and ARGV[1] == 'decide' then
-  for _, r in ipairs(results) do r[5]() end
+  for _, r in ipairs(results) do
+    if r[1] == 1 then r[5]() end -- a shadow check that would deny is not charged
+  end
 end
 
 local reply = {now, all_allowed}
