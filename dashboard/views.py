@@ -128,7 +128,11 @@ def _app() -> Flask:
 
 
 def overview_page() -> str:
-    return render_template("quota/overview.html", data=data.overview(_app(), get_state(), _reads()))
+    return render_template(
+        "quota/overview.html",
+        data=data.overview(_app(), get_state(), _reads()),
+        near_percent=round(100 * data.NEAR_LIMIT),
+    )
 
 
 def overview_api() -> Response:

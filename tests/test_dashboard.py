@@ -276,3 +276,22 @@ def test_identity_named_like_an_ip_is_not_shown_as_that_ip(ops_app: Flask) -> No
         heading = re.search(r"<h1>(.*?)</h1>", page, re.S)
         assert heading is not None
         assert f'">{kind}</span> <span class="identity">' in heading.group(1), heading.group(1)
+
+
+def test_near_limit_lists_identities_above_80_percent_of_a_tier(ops_app: Flask) -> None:
+    """Identities with a bucket more than 80% used are listed with the tier and
+    remaining/limit (JSON and page); one at 67% or less is not."""
+    http = ops_app.test_client()
+    for _ in range(2):
+        http.post("/infer", headers={"X-User": "ada"})  # ai 2/minute: 0 left (100%)
+    http.post("/infer", headers={"X-User": "bob"})  # ai 1/2 left, user 2/3 left
+    http.get("/items", headers={"X-User": "cy"})
+    http.get("/items", headers={"X-User": "cy"})  # user 1/3 left: 67%, not above 80%
+    flush(ops_app)
+    near = http.get("/quota/api/overview", headers=OPS).get_json()["near_limit"]
+    assert [(r["tag"], r["tier"], r["bucket"], r["remaining"], r["limit"], r["used_percent"])
+            for r in near] == [("id=ada", "endpoint", "ai (POST)", 0, 2, 100)]  # fmt: skip
+    page = http.get("/quota/", headers=OPS).get_data(as_text=True)
+    body = page.split('<tbody id="near-limit"', 1)[1].split("</tbody>", 1)[0]
+    assert ">ada</a>" in body and "endpoint: ai (POST)" in body and "0/2" in body
+    assert "bob" not in body and "cy" not in body
