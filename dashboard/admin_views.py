@@ -29,10 +29,10 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from flask_quota import Tier
 from flask_quota.admin import (
-    DEFAULT_ALGORITHM,
     PLANS_READ_ONLY,
     AdminError,
     ChangeConflict,
+    PlanInfo,
     PlansReadOnly,
     QuotaAdmin,
     parse_duration,
@@ -107,31 +107,106 @@ def client_id_of(tag: str) -> str | None:
 
 def plans_page(error: str | None = None, status: int = 200) -> tuple[str, int]:
     a = admin()
+    plans = a.plans()
+    settings = get_state().settings
     return render_template(
         "quota/plans.html",
-        plans=a.plans(),
+        plans=plans,
+        rows=plan_matrix(plans),
         tiers=[t.value for t in Tier],
         algorithms=[x.value for x in Algorithm],
+        app_algorithm=settings.algorithm.value,
+        protected={settings.default_plan, settings.anonymous_plan},
         # QUOTA_PLANS_SOURCE=config: plans follow QUOTA_PLANS; the page says so, edits refused
-        plans_read_only=a.plans_read_only,
+        read_only=a.plans_read_only,
         read_only_reason=PLANS_READ_ONLY,
         error=error,
     ), status
 
 
-def plan_limit(plan: str) -> Any:
-    tier, resource, rate = _field("tier"), _field("resource") or None, _field("rate")
-    # The limit form always sends both: an empty algorithm is QUOTA_ALGORITHM's.
-    algorithm = _field("algorithm") or DEFAULT_ALGORITHM
-    shadow = request.form.get("shadow") is not None
+def plan_matrix(plans: list[PlanInfo]) -> list[dict[str, Any]]:
+    """The plans as a table, like the seed's: one row per tier (global, user, then each
+    resource of the endpoint tier), one cell per plan in upgrade order (``None``: no rate)."""
+    cells = {(p.name, x.tier, x.resource): x for p in plans for x in p.limits}
+    resources = sorted({x.resource for p in plans for x in p.limits if x.resource})
+    rows = [(Tier.GLOBAL.value, ""), (Tier.USER.value, "")]
+    rows += [(Tier.ENDPOINT.value, r) for r in resources]
+    return [
+        {
+            "tier": tier,
+            "resource": resource,
+            "key": f"{tier}:{resource}" if resource else tier,
+            "label": f"{tier} {resource}" if resource else tier,
+            "cells": [cells.get((p.name, tier, resource)) for p in plans],
+        }
+        for tier, resource in rows
+    ]
+
+
+def _plan_change(change: Callable[[QuotaAdmin], str]) -> Any:
+    """Run one plan change and flash its message; a refusal re-renders the page (400,
+    409 for a collision, 403 while QUOTA_PLANS owns the plans; nothing saved)."""
     try:
-        admin().set_plan_limit(
-            plan[:FIELD_MAX], tier, rate, resource=resource, algorithm=algorithm, shadow=shadow
-        )
+        message = change(admin())
     except AdminError as exc:
         return plans_page(str(exc), _status(exc))
-    flash(f"Plan {plan}: {tier}{' ' + resource if resource else ''} is now {rate}.", "ok")
+    flash(message, "ok")
     return redirect(url_for(".plans_page"))
+
+
+def plan_limit(plan: str | None = None) -> Any:
+    plan = (_field("plan") if plan is None else plan)[:FIELD_MAX]
+    tier, resource, rate = _field("tier"), _field("resource") or None, _field("rate")
+    # Forms with the algorithm select also carry the shadow checkbox, which is absent
+    # when unchecked: only such forms change them (None keeps the limit's own).
+    options = "algorithm" in request.form
+    algorithm = _field("algorithm") if options else None
+    shadow = ("shadow" in request.form) if options else None
+    where = f"{tier} {resource}" if resource else tier
+
+    def change(a: QuotaAdmin) -> str:
+        info = a.set_plan_limit(
+            plan, tier, rate, resource=resource, algorithm=algorithm, shadow=shadow
+        )
+        limit = next(x for x in info.limits if (x.tier, x.resource) == (tier, resource or ""))
+        notes = [n for n in (limit.algorithm, "shadow" if limit.shadow else "") if n]
+        return f"Plan {plan}: {where} is now {limit.rate}" + (
+            f" ({', '.join(notes)})." if notes else "."
+        )
+
+    return _plan_change(change)
+
+
+def plan_limit_form() -> Any:
+    """``plan_limit`` with the plan chosen in the form (the "add a rate" form)."""
+    return plan_limit(None)
+
+
+def plan_unset(plan: str) -> Any:
+    tier, resource = _field("tier"), _field("resource") or None
+    where = f"{tier} {resource}" if resource else tier
+
+    def change(a: QuotaAdmin) -> str:
+        a.delete_plan_limit(plan[:FIELD_MAX], tier, resource)
+        return f"Plan {plan}: {where} has no rate now (that tier no longer limits it)."
+
+    return _plan_change(change)
+
+
+def plan_create() -> Any:
+    def change(a: QuotaAdmin) -> str:
+        info = a.create_plan(_field("name"), request.form.get("description", "")[:1000])
+        return f"Plan {info.name} created, last in upgrade order: give it rates below."
+
+    return _plan_change(change)
+
+
+def plan_delete(plan: str) -> Any:
+    def change(a: QuotaAdmin) -> str:
+        info = a.delete_plan(plan[:FIELD_MAX])
+        return f"Plan {info.name} deleted."
+
+    return _plan_change(change)
 
 
 def clients_page(
@@ -220,7 +295,11 @@ def _dumps(value: Any) -> str:
 
 _VIEWS: list[tuple[str, Callable[..., Any], list[str]]] = [
     ("/plans", plans_page, ["GET"]),
+    ("/plans/new", plan_create, ["POST"]),
+    ("/plans/limit", plan_limit_form, ["POST"]),
     ("/plans/<path:plan>/limit", plan_limit, ["POST"]),
+    ("/plans/<path:plan>/unset", plan_unset, ["POST"]),
+    ("/plans/<path:plan>/delete", plan_delete, ["POST"]),
     ("/clients", clients_page, ["GET"]),
     ("/clients/new", client_create, ["POST"]),
     ("/clients/<client_id>/revoke", client_revoke, ["POST"]),

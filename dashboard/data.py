@@ -41,6 +41,7 @@ __all__ = [
 ]
 
 TOP = 10
+NEAR_LIMIT = 0.8  # a bucket more than this much used is "about to hit the limit" (Envoy's idea)
 KIND_LABELS = {"ip": "IP", "client": "client", "user": "user"}
 FAIL_MODE_EFFECTS = {
     "open": "API requests pass without limits",
@@ -223,6 +224,7 @@ def overview(app: Flask, state: QuotaState, reads: Reads) -> dict[str, Any]:
             "tiers": {},
             "series": {},
             "top": [],
+            "near_limit": [],
             "storage": reads.health(),
         }
     recent = minutes[-5:]
@@ -235,7 +237,7 @@ def overview(app: Flask, state: QuotaState, reads: Reads) -> dict[str, Any]:
     allowed, denied = requests[True], requests[False]
     last = minutes[-1].requests if minutes else Counter()
     last_denied, last_total = last[False], last[True] + last[False]
-    top = _top(
+    top, near = _top(
         app, state, reads, [tag for tag, _ in recent_requests.most_common(TOP)], recent_requests
     )
     return {
@@ -247,6 +249,7 @@ def overview(app: Flask, state: QuotaState, reads: Reads) -> dict[str, Any]:
         "tiers": tier_totals(minutes),
         "series": series(minutes),
         "top": top,
+        "near_limit": near,
         "storage": reads.health(),  # after the reads: one of them may have failed
         "sql": asdict(state.sql.health()),  # the snapshot's age, and whether it is stale
     }
@@ -254,7 +257,9 @@ def overview(app: Flask, state: QuotaState, reads: Reads) -> dict[str, Any]:
 
 def _top(
     app: Flask, state: QuotaState, reads: Reads, tags: list[str], requests: Counter[str]
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The top identities with the bucket closest to its limit, and every bucket of theirs
+    more than ``NEAR_LIMIT`` used (most used first): both from one peek."""
     known = _plans_of(state, reads, [t for t in tags if t.startswith("id=")])
     rows: list[dict[str, Any]] = []
     all_checks: list[TierCheck] = []
@@ -265,14 +270,14 @@ def _top(
         spans.append((tag, plan, len(all_checks), len(all_checks) + len(checks)))
         all_checks += checks
     states = buckets(state, reads, all_checks)  # one peek for all of them
+    near: list[tuple[float, dict[str, Any]]] = []
     for tag, plan, start, end in spans:
         mine = states[start:end] if states is not None else []
         closest = min(mine, key=lambda b: (b.remaining / b.limit, b.remaining), default=None)
+        who = {"tag": tag, "kind": identity_kind(state, tag), "name": display_name(tag)}
         rows.append(
             {
-                "tag": tag,
-                "kind": identity_kind(state, tag),
-                "name": display_name(tag),
+                **who,
                 "plan": plan.name,
                 "requests": requests[tag],
                 "closest": None
@@ -280,4 +285,17 @@ def _top(
                 else {"name": closest.name, "remaining": closest.remaining, "limit": closest.limit},
             }
         )
-    return rows
+        for b in mine:
+            if b.used_fraction > NEAR_LIMIT:
+                entry = {
+                    **who,
+                    "plan": plan.name,
+                    "tier": b.tier,
+                    "bucket": b.name,
+                    "remaining": b.remaining,
+                    "limit": b.limit,
+                    "used_percent": round(100 * b.used_fraction),
+                }
+                near.append((b.used_fraction, entry))
+    near.sort(key=lambda item: -item[0])  # stable: ties keep the top list's order
+    return rows, [entry for _, entry in near]

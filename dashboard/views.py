@@ -128,7 +128,11 @@ def _app() -> Flask:
 
 
 def overview_page() -> str:
-    return render_template("quota/overview.html", data=data.overview(_app(), get_state(), _reads()))
+    return render_template(
+        "quota/overview.html",
+        data=data.overview(_app(), get_state(), _reads()),
+        near_percent=round(100 * data.NEAR_LIMIT),
+    )
 
 
 def overview_api() -> Response:
@@ -143,16 +147,11 @@ def chart_svg() -> Response:
     reads = _reads()
     storage = reads.health()
     minutes = data.usage_minutes(state, reads, tag)
-    panels = chart.panels(data.series(minutes or []))
     who = f" for {_label(state, tag)}" if tag else ""
     svg = render_template(
         "quota/chart.svg",
-        panels=panels,
-        width=chart.WIDTH,
-        height=chart.height(len(panels)),
-        left=chart.PAD_LEFT,
-        right=chart.PAD_RIGHT,
-        title=f"Requests per minute, last hour{who}",
+        chart=chart.build(data.series(minutes or []), [m.minute for m in minutes or []]),
+        title=f"Requests per minute, last hour (UTC){who}",
         unavailable=None if minutes is not None else storage["backend"],
     )
     return Response(svg, content_type="image/svg+xml")

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.exc import StaleDataError
 
 from . import apikeys, validators
 from .algorithms import Algorithm
@@ -171,6 +172,62 @@ class QuotaAdmin:
             ).all()
             return [_plan_info(record) for record in records]
 
+    def create_plan(self, name: str, description: str = "") -> PlanInfo:
+        """A new plan without rates, last in upgrade order (give it rates with
+        ``set_plan_limit``: a tier without a rate does not apply to the plan)."""
+        self.check_plans_writable()
+        name_ = _checked(validators.plan_name, name)
+        description_ = _description(description)
+
+        def apply(session: Session) -> PlanInfo:
+            if session.scalar(select(PlanRecord.id).where(PlanRecord.name == name_)) is not None:
+                raise AdminError(f"a plan named {name_!r} exists already")
+            last = session.scalar(select(func.max(PlanRecord.position)))
+            record = PlanRecord(
+                name=name_, description=description_, position=0 if last is None else last + 1
+            )
+            session.add(record)
+            session.flush()
+            info = _plan_info(record)
+            self._audit(session, "plan.create", f"plan:{name_}", None, asdict(info))
+            return info
+
+        return self._change(apply, f"plan {name_!r}")
+
+    def delete_plan(self, name: str) -> PlanInfo:
+        """Delete a plan no client uses (revoked ones included) and that is neither
+        ``QUOTA_DEFAULT_PLAN`` nor ``QUOTA_ANONYMOUS_PLAN``; returns what it was."""
+        self.check_plans_writable()
+        settings = self.store.settings
+        for key, protected in (
+            ("QUOTA_DEFAULT_PLAN", settings.default_plan),
+            ("QUOTA_ANONYMOUS_PLAN", settings.anonymous_plan),
+        ):
+            if name == protected:
+                raise AdminError(
+                    f"plan {name!r} is {key}: callers without a plan get it, so it cannot be "
+                    f"deleted; set {key} to another plan first"
+                )
+
+        def apply(session: Session) -> PlanInfo:
+            record = _plan(session, name)
+            used, revoked = session.execute(
+                select(func.count(), func.count(Client.revoked_at)).where(
+                    Client.plan_id == record.id
+                )
+            ).one()
+            if used:
+                raise AdminError(
+                    f"plan {name!r} is used by {used} client(s) ({revoked} of them revoked): "
+                    "move them to another plan first"
+                )
+            before = _plan_info(record)
+            session.delete(record)
+            self._audit(session, "plan.delete", f"plan:{name}", asdict(before), None)
+            return before
+
+        return self._change(apply, f"plan {name!r}")
+
     def set_plan_limit(
         self,
         plan: str,
@@ -194,9 +251,7 @@ class QuotaAdmin:
         def apply(session: Session) -> PlanInfo:
             record = _plan(session, plan)
             before = _plan_info(record)
-            limit = next(
-                (x for x in record.limits if (x.tier, x.resource) == (tier_, resource_)), None
-            )
+            limit = _limit(record, tier_, resource_)
             if limit is None:
                 limit = PlanLimit(tier=tier_, resource=resource_, rate=rate_, shadow=False)
                 record.limits.append(limit)
@@ -291,6 +346,26 @@ class QuotaAdmin:
             return self._change(apply, "the plans")
         except _Unchanged:
             return []  # rolled back: no version bump for a table that already matched
+    def delete_plan_limit(self, plan: str, tier: str, resource: str | None = None) -> PlanInfo:
+        """Remove one rate of a plan: that tier (or resource) then no longer applies to it."""
+        self.check_plans_writable()
+        tier_ = _tier(tier)
+        resource_ = _resource(tier_, resource)
+
+        def apply(session: Session) -> PlanInfo:
+            record = _plan(session, plan)
+            limit = _limit(record, tier_, resource_)
+            if limit is None:
+                where = f"{tier_} {resource_}" if resource_ else tier_
+                raise AdminError(f"plan {plan!r} has no {where} rate to remove")
+            before = _plan_info(record)
+            record.limits.remove(limit)  # delete-orphan: the row goes
+            session.flush()
+            after = _plan_info(record)
+            self._audit(session, "plan.limit.delete", f"plan:{plan}", asdict(before), asdict(after))
+            return after
+
+        return self._change(apply, f"plan {plan!r}")
 
     # -- clients ------------------------------------------------------------
 
@@ -473,17 +548,18 @@ class QuotaAdmin:
 
     def _change(self, body: Callable[[Session], T], what: str) -> T:
         """``body(session)`` in one change transaction, run again once if another writer
-        inserted the same row meanwhile (both read "absent", the later insert fails):
-        the second run sees that row and does what it would have done coming second."""
+        inserted (or deleted) the same row meanwhile (both read "absent", the later
+        insert fails; or both read "present", the later delete finds nothing): the
+        second run sees the other's change and does what it would have done coming second."""
         try:
             with self.store.change() as session:
                 return body(session)
-        except IntegrityError:
+        except (IntegrityError, StaleDataError):
             pass
         try:
             with self.store.change() as session:
                 return body(session)
-        except IntegrityError:
+        except (IntegrityError, StaleDataError):
             raise ChangeConflict(
                 f"{what} was changed by someone else at the same moment, twice; "
                 "nothing was saved: try again"
@@ -528,8 +604,8 @@ def _rate(text: str) -> str:
 
 
 def _algorithm(value: str | None) -> str | None:
-    """An algorithm's name, or None for ``"default"`` (``QUOTA_ALGORITHM``) and None."""
-    if value is None or value.strip().lower() == DEFAULT_ALGORITHM:
+    """An algorithm's name, or None for ``"default"`` or ``""`` (``QUOTA_ALGORITHM``) and None."""
+    if value is None or value.strip().lower() in (DEFAULT_ALGORITHM, ""):
         return None
     try:
         return Algorithm(value.strip().lower()).value
@@ -540,6 +616,17 @@ def _algorithm(value: str | None) -> str | None:
 
 class _Unchanged(Exception):
     """Raised inside a change to roll it back: there was nothing to do."""
+_DESCRIPTION_MAX = 500
+
+
+def _description(value: str) -> str:
+    text = str(value).strip()
+    if len(text) > _DESCRIPTION_MAX or not text.isprintable():
+        raise AdminError(
+            f"a plan description must be at most {_DESCRIPTION_MAX} printable characters "
+            "on one line"
+        )
+    return text
 
 
 def _client_name(name: str) -> str:
@@ -562,6 +649,10 @@ def _plan(session: Session, name: str) -> PlanRecord:
         known = session.scalars(select(PlanRecord.name).order_by(PlanRecord.position)).all()
         raise AdminError(f"unknown plan {name!r}; known plans: {', '.join(known)}")
     return record
+
+
+def _limit(record: PlanRecord, tier: str, resource: str) -> PlanLimit | None:
+    return next((x for x in record.limits if (x.tier, x.resource) == (tier, resource)), None)
 
 
 def _client(session: Session, client_id: int | str) -> Client:

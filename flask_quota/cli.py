@@ -187,6 +187,40 @@ def plans_import(file: Any, actor: str) -> None:
     click.echo("\n".join(changes) if changes else "plans already match the file; nothing changed")
 
 
+@plans_cli.command("create")
+@click.argument("name")
+@click.option("--description", default="", help="What the plan is for, shown on the dashboard.")
+@actor_option
+@_one_line_errors
+def plans_create(name: str, description: str, actor: str) -> None:
+    """Add plan NAME, last in upgrade order and without rates (add them with `plans set`)."""
+    info = _admin(actor).create_plan(name, description)
+    click.echo(f"plan {info.name!r} created, last in upgrade order; it has no rates yet")
+
+
+@plans_cli.command("delete", context_settings=_RAW)
+@click.argument("name")
+@actor_option
+@_one_line_errors
+def plans_delete(name: str, actor: str) -> None:
+    """Delete plan NAME (refused while a client is on it, or if it is the default plan)."""
+    info = _admin(actor).delete_plan(name)
+    click.echo(f"plan {info.name!r} deleted")
+
+
+@plans_cli.command("unset", context_settings=_RAW)
+@click.argument("plan")
+@click.argument("tier", type=click.Choice(["global", "user", "endpoint"], case_sensitive=False))
+@click.option("--resource", help="The resource of an endpoint-tier rate, e.g. ai_inference.")
+@actor_option
+@_one_line_errors
+def plans_unset(plan: str, tier: str, resource: str | None, actor: str) -> None:
+    """Remove PLAN's rate for TIER: that tier (or resource) then no longer limits the plan."""
+    info = _admin(actor).delete_plan_limit(plan, tier, resource)
+    where = f"{tier} {resource}" if resource else tier
+    click.echo(f"plan {info.name!r}: {where} has no rate now")
+
+
 # -- clients ----------------------------------------------------------------------
 
 

@@ -1,13 +1,15 @@
-"""Regenerate docs/overview.png: the dashboard's overview after some real API traffic.
+"""Regenerate docs/overview.png and docs/plans.png: the dashboard after real API traffic.
 
 Run from anywhere with the repository's virtualenv:
 
-    .venv/bin/python scripts/screenshot.py [--out docs/overview.png]
+    .venv/bin/python scripts/screenshot.py [--out docs/overview.png] [--plans-out docs/plans.png]
 
 Starts the demo app (tests/apps/dashboard_demo.py, memory storage, a throw-away
 instance folder) on a free loopback port, sends traffic from a few identities
 (some of it denied with 429), waits for the usage flush, and photographs the
-overview at 1280x900 in headless Chromium (Debian's /usr/bin/chromium).
+whole overview at 1280 px wide in headless Chromium (Debian's /usr/bin/chromium).
+Then it adds the seed's enterprise plan and a few per-limit settings through
+``QuotaAdmin`` (audited like any change) and photographs the plans matrix.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 
+from flask_quota.admin import QuotaAdmin  # noqa: E402
 from tests.apps.dashboard_demo import serving  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
@@ -56,9 +59,29 @@ def send(base: str, method: str, path: str, user: str | None, plan: str | None) 
         return exc.code
 
 
+def edit_plans(admin: QuotaAdmin) -> None:
+    """The seed's three plans, with a per-limit algorithm and a limit in shadow."""
+    admin.set_plan_limit("free", "global", "50/second")
+    admin.set_plan_limit("pro", "global", "50/second")
+    admin.set_plan_limit("free", "endpoint", "10/minute", resource="bulk_search")
+    admin.set_plan_limit("pro", "endpoint", "60/minute", resource="bulk_search")
+    admin.set_plan_limit("pro", "endpoint", "30/minute", resource="ai", algorithm="fixed_window")
+    admin.create_plan("enterprise", "Contracts; 99.9% SLA")
+    for tier, rate, resource in (
+        ("global", "200/second", None),
+        ("user", "2000/minute, 100000/day", None),
+        ("endpoint", "120/minute", "ai"),
+        ("endpoint", "300/minute", "bulk_search"),
+    ):
+        admin.set_plan_limit("enterprise", tier, rate, resource=resource)
+    admin.set_plan_limit("enterprise", "endpoint", "300/minute", resource="bulk_search",
+                         shadow=True)  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "overview.png")
+    parser.add_argument("--plans-out", type=Path, default=ROOT / "docs" / "plans.png")
     args = parser.parse_args()
     if not Path(CHROMIUM).exists():
         print(f"{CHROMIUM} not found: apt-get install chromium", file=sys.stderr)
@@ -97,10 +120,17 @@ def main() -> int:
                 )
                 time.sleep(0.2)  # let the last paint settle
                 args.out.parent.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(args.out))
+                page.screenshot(path=str(args.out), full_page=True)
+                print(f"wrote {args.out}")
+                edit_plans(QuotaAdmin(app.extensions["quota"].sql, actor="screenshot"))
+                page.goto(base + "/quota/plans")
+                page.locator("#plans").wait_for(timeout=5000)
+                page.locator('td[data-plan="pro"][data-row="endpoint:ai"] summary').click()
+                time.sleep(0.2)
+                page.screenshot(path=str(args.plans_out), full_page=True)
             finally:
                 browser.close()
-    print(f"wrote {args.out}")
+    print(f"wrote {args.plans_out}")
     return 0
 
 

@@ -109,6 +109,37 @@ def test_plans_list_and_set_change_what_requests_get(app: Flask) -> None:
     ]
 
 
+def test_plans_create_unset_and_delete(app: Flask) -> None:
+    """A created plan comes last without rates; `unset` drops a tier from it; `delete`
+    is refused while a client is on it and works once none is; each change is audited."""
+    result = run(app, "plans", "create", "team", "--description", "Small teams")
+    assert result.exit_code == 0, result.output
+    listing = read(app, "plans", "list").output
+    assert listing.strip().splitlines()[-1].split() == ["team", "-", "-", "no", "limits"]
+    assert run(app, "plans", "set", "team", "user", "20/hour").exit_code == 0
+    client_id, key = create(app, "acme", "team")
+    assert user_quota(app, key) == 20
+    result = run(app, "plans", "unset", "team", "user")
+    assert result.exit_code == 0, result.output
+    assert "team': user has no rate now" in result.output
+    policy = app.test_client().get("/items", headers={"X-API-Key": key}).headers
+    assert '"user"' not in policy.get("RateLimit-Policy", "")  # the tier no longer applies
+    refused = run(app, "plans", "delete", "team")
+    assert refused.exit_code == 1 and "used by 1 client(s)" in refused.output
+    assert run(app, "clients", "set-plan", str(client_id), "free").exit_code == 0
+    result = run(app, "plans", "delete", "team")
+    assert result.exit_code == 0, result.output
+    assert "team" not in read(app, "plans", "list").output
+    assert [action for _, action, _ in audit(app)] == [
+        "plan.create",
+        "plan.limit.set",
+        "client.create",
+        "plan.limit.delete",
+        "client.set_plan",
+        "plan.delete",
+    ]
+
+
 def test_clients_create_list_set_plan_and_revoke(app: Flask) -> None:
     """A client's key is printed once, listed by prefix only, and stops working when revoked."""
     client_id, key = create(app, "acme", "free")
@@ -185,6 +216,14 @@ def test_plans_set_takes_several_rates(app: Flask) -> None:
         (["plans", "set", "free", "user", "-5/hour"], "malformed rate '-5/hour'"),
         (["plans", "set", "free", "endpoint", "5/hour"], "needs --resource"),
         (["plans", "set", "free", "user", "5/hour", "--resource", "x"], "drop --resource"),
+        (["plans", "create", "free"], "a plan named 'free' exists already"),
+        (["plans", "create", " padded"], "plan name ' padded'"),
+        (["plans", "create", "x", "--description", "tab\there"], "description"),
+        (["plans", "delete", "free"], "QUOTA_DEFAULT_PLAN"),
+        (["plans", "delete", "gold"], "unknown plan 'gold'"),
+        (["plans", "unset", "free", "endpoint", "--resource", "nothing"], "no endpoint nothing"),
+        (["plans", "unset", "free", "endpoint"], "needs --resource"),
+        (["plans", "unset", "gold", "user"], "unknown plan 'gold'"),
         (["clients", "create", "x", "--plan", "gold"], "unknown plan 'gold'"),
         (["clients", "revoke", "-3"], "positive integer"),
         (["clients", "revoke", "999"], "no client with id 999"),

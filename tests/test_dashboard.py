@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import re
 from pathlib import Path
 from typing import Any
@@ -276,3 +277,74 @@ def test_identity_named_like_an_ip_is_not_shown_as_that_ip(ops_app: Flask) -> No
         heading = re.search(r"<h1>(.*?)</h1>", page, re.S)
         assert heading is not None
         assert f'">{kind}</span> <span class="identity">' in heading.group(1), heading.group(1)
+
+
+def test_near_limit_lists_identities_above_80_percent_of_a_tier(ops_app: Flask) -> None:
+    """Identities with a bucket more than 80% used are listed with the tier and
+    remaining/limit (JSON and page); one at 67% or less is not."""
+    http = ops_app.test_client()
+    for _ in range(2):
+        http.post("/infer", headers={"X-User": "ada"})  # ai 2/minute: 0 left (100%)
+    http.post("/infer", headers={"X-User": "bob"})  # ai 1/2 left, user 2/3 left
+    http.get("/items", headers={"X-User": "cy"})
+    http.get("/items", headers={"X-User": "cy"})  # user 1/3 left: 67%, not above 80%
+    flush(ops_app)
+    near = http.get("/quota/api/overview", headers=OPS).get_json()["near_limit"]
+    assert [(r["tag"], r["tier"], r["bucket"], r["remaining"], r["limit"], r["used_percent"])
+            for r in near] == [("id=ada", "endpoint", "ai (POST)", 0, 2, 100)]  # fmt: skip
+    page = http.get("/quota/", headers=OPS).get_data(as_text=True)
+    body = page.split('<tbody id="near-limit"', 1)[1].split("</tbody>", 1)[0]
+    assert ">ada</a>" in body and "endpoint: ai (POST)" in body and "0/2" in body
+    assert "bob" not in body and "cy" not in body
+
+
+def _svg_texts(svg: bytes) -> list[tuple[str, float, float]]:
+    """(text, x, y) of every <text> of an SVG."""
+    import xml.etree.ElementTree as ET
+
+    ns = "{http://www.w3.org/2000/svg}"
+    return [
+        ("".join(node.itertext()), float(node.get("x", 0)), float(node.get("y", 0)))
+        for node in ET.fromstring(svg).iter(f"{ns}text")
+    ]
+
+
+def test_chart_has_a_time_axis_and_a_value_axis(ops_app: Flask) -> None:
+    """The last-hour chart labels time every 10 minutes (HH:MM UTC, the current minute's
+    hour among them) and values from 0 up to a round maximum at or above the peak."""
+    import time
+
+    http = ops_app.test_client()
+    for _ in range(3):
+        http.post("/infer", headers={"X-User": "ada"})
+    flush(ops_app)
+    texts = _svg_texts(http.get("/quota/chart.svg", headers=OPS).data)
+    times = [(t, x) for t, x, _ in texts if re.fullmatch(r"\d\d:\d\d", t)]
+    assert len(times) == 6, texts  # an hour holds six whole 10 minutes
+    minutes = [int(t[:2]) * 60 + int(t[3:]) for t, _ in times]
+    assert all(m % 10 == 0 for m in minutes)
+    assert all((b - a) % 1440 == 10 for a, b in itertools.pairwise(minutes))
+    now = time.gmtime()
+    assert f"{now.tm_hour:02d}:{now.tm_min // 10 * 10:02d}" in [t for t, _ in times] or (
+        now.tm_min % 10 == 9 and now.tm_sec > 55  # the minute rolled over meanwhile
+    )
+    xs = [x for _, x in times]
+    assert all(b - a > 60 for a, b in itertools.pairwise(xs))  # labels never overlap
+    assert "UTC" in [t for t, _, _ in texts]
+    # The "ai" panel (peak 2 allowed, 1 denied this minute): values 0, 1, 2.
+    values = [t for t, x, _ in texts if x < 60 and re.fullmatch(r"\d+k?", t)]
+    assert values[:3] == ["0", "1", "2"], texts
+
+
+def test_value_axis_rounds_up_and_labels_stay_apart() -> None:
+    """The value axis ends on 1, 2 or 5 times a power of ten at or above the peak; its
+    labels, and the two end labels, are at least a text line apart."""
+    from dashboard import chart
+
+    for peak, top in ((0, 1), (1, 1), (3, 5), (7, 10), (11, 20), (480, 500), (12_000, 20_000)):
+        built = chart.build({"t": {"allowed": [0, peak], "denied": [peak, peak]}}, [0, 1])
+        [panel] = built.panels
+        assert panel.y_ticks[-1].label == (f"{top // 1000}k" if top >= 10_000 else str(top))
+        ys = sorted(t.pos for t in panel.y_ticks)
+        assert all(b - a >= 13 for a, b in itertools.pairwise(ys)), ys
+        assert abs(panel.allowed_y - panel.denied_y) >= chart.LABEL_GAP - 0.01

@@ -25,11 +25,17 @@ def post(http: FlaskClient, url: str, page: str, **form: str) -> tuple[int, str]
     return response.status_code, response.get_data(as_text=True)
 
 
-def free_user_rate(http: FlaskClient) -> str:
+def cell(http: FlaskClient, plan: str, row: str) -> str | None:
+    """The rate shown in the plans matrix for ``plan`` and ``row`` (None: no rate)."""
     page = http.get("/quota/plans", headers=OPS).get_data(as_text=True)
-    section = page.split('id="plan-free"')[1].split("</section>")[0]
-    rows = re.findall(r"<td>(\w+)</td><td>(.*?)</td><td class=\"rate\">(.*?)</td>", section)
-    return {(t, r): rate for t, r, rate in rows}[("user", "\u2013")]
+    found = re.search(rf'<td data-plan="{plan}" data-row="{row}"[^>]*>(.*?)</td>', page, re.S)
+    assert found is not None, f"no cell {plan} {row}"
+    rate = re.search(r'<span class="rate">(.*?)</span>', found.group(1))
+    return rate.group(1) if rate else None
+
+
+def free_user_rate(http: FlaskClient) -> str | None:
+    return cell(http, "free", "user")
 
 
 def test_plan_edit_is_saved_audited_and_enforced(ops_app: Flask) -> None:

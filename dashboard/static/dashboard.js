@@ -25,30 +25,58 @@
     return td;
   }
 
+  function identityCell(tr, r) {
+    var td = cell(tr, "");
+    // The kind is a badge apart from the name: an identity called "IP 6.6.6.6" is not that IP.
+    var kind = document.createElement("span");
+    kind.className = "kind kind-" + r.kind;
+    kind.textContent = KINDS[r.kind] || r.kind;
+    var link = document.createElement("a");
+    link.href = identityUrl.replace("TAG", encodeURIComponent(r.tag));
+    link.textContent = r.name;
+    td.append(kind, " ", link);
+  }
+
+  function emptyRow(body, columns, text) {
+    var tr = document.createElement("tr");
+    cell(tr, text).colSpan = columns;
+    body.appendChild(tr);
+  }
+
+  var DOWN = "Unknown while the storage is down.";
+
   function renderTop(rows, usage) {
     var body = document.getElementById("top");
     body.replaceChildren();
     if (!rows.length) {
-      var empty = document.createElement("tr");
-      var text = usage === "unavailable" ? "Unknown while the storage is down." : "No traffic yet.";
-      cell(empty, text).colSpan = 4;
-      body.appendChild(empty);
+      emptyRow(body, 4, usage === "unavailable" ? DOWN : "No traffic yet.");
       return;
     }
     rows.forEach(function (r) {
       var tr = document.createElement("tr");
-      var td = cell(tr, "");
-      // The kind is a badge apart from the name: an identity called "IP 6.6.6.6" is not that IP.
-      var kind = document.createElement("span");
-      kind.className = "kind kind-" + r.kind;
-      kind.textContent = KINDS[r.kind] || r.kind;
-      var link = document.createElement("a");
-      link.href = identityUrl.replace("TAG", encodeURIComponent(r.tag));
-      link.textContent = r.name;
-      td.append(kind, " ", link);
+      identityCell(tr, r);
       cell(tr, r.plan);
       cell(tr, String(r.requests));
       cell(tr, r.closest ? r.closest.name + ": " + r.closest.remaining + "/" + r.closest.limit + " left" : "–");
+      body.appendChild(tr);
+    });
+  }
+
+  function renderNear(rows, usage) {
+    var body = document.getElementById("near-limit");
+    body.replaceChildren();
+    if (!rows.length) {
+      var none = "Nobody is above " + body.dataset.percent + "% of a limit.";
+      emptyRow(body, 5, usage === "unavailable" ? DOWN : none);
+      return;
+    }
+    rows.forEach(function (r) {
+      var tr = document.createElement("tr");
+      identityCell(tr, r);
+      cell(tr, r.plan);
+      cell(tr, r.bucket === r.tier ? r.tier : r.tier + ": " + r.bucket);
+      cell(tr, r.remaining + "/" + r.limit);
+      cell(tr, r.used_percent + "%");
       body.appendChild(tr);
     });
   }
@@ -102,6 +130,7 @@
         show("usage-unavailable", data.usage === "unavailable");
         renderTiers(data.tiers);
         renderTop(data.top, data.usage);
+        renderNear(data.near_limit, data.usage);
         document.getElementById("chart").src = chartUrl + "?t=" + Date.now();
         setText("updated", "Last update " + new Date().toLocaleTimeString() + ".");
       })
