@@ -115,7 +115,8 @@ def test_plans_create_unset_and_delete(app: Flask) -> None:
     result = run(app, "plans", "create", "team", "--description", "Small teams")
     assert result.exit_code == 0, result.output
     listing = read(app, "plans", "list").output
-    assert listing.strip().splitlines()[-1].split() == ["team", "-", "-", "no", "limits"]
+    last = listing.strip().splitlines()[-1]
+    assert last.split()[0] == "team" and "no limits" in last
     assert run(app, "plans", "set", "team", "user", "20/hour").exit_code == 0
     client_id, key = create(app, "acme", "team")
     assert user_quota(app, key) == 20
