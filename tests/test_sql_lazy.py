@@ -27,7 +27,9 @@ PLANS = {
 
 
 def sync_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name.startswith("flask-quota-sync")}
+    """The stores' sync threads. Not their short-lived attempt threads: syncs that
+    earlier tests left running start those at any time."""
+    return {t for t in threading.enumerate() if t.name == "flask-quota-sync"}
 
 
 @pytest.fixture
