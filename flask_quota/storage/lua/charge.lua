@@ -5,13 +5,7 @@
 -- ARGV[1]: "" for the Redis server clock; an integer microsecond time only in tests.
 -- ARGV[2 + 5*(i-1) ...]: algorithm code, limit, window_us, capacity, cost.
 -- Returns the clock it used.
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-
-local now = tonumber(ARGV[1])
-if now == nil then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = script_now(ARGV[1])
 
 local function charge_bucket(key, limit, window, cost)
   local tat = tonumber(redis.call('GET', key))
@@ -23,12 +17,7 @@ end
 
 local function charge_fixed(key, limit, window, cost)
   local start = now - now % window
-  local count = 0
-  local raw = redis.call('GET', key)
-  if raw then
-    local s, c = string.match(raw, '^(%d+):(%d+)$')
-    if tonumber(s) == start then count = tonumber(c) end
-  end
+  local count = fixed_count(key, start)
   put(key, fmt(start) .. ':' .. fmt(count + cost), start + window - now)
 end
 
@@ -48,17 +37,7 @@ end
 
 local function charge_counter(key, limit, window, cost)
   local start = now - now % window
-  local prev, cur = 0, 0
-  local raw = redis.call('GET', key)
-  if raw then
-    local s, p, c = string.match(raw, '^(%d+):(%d+):(%d+)$')
-    s = tonumber(s)
-    if s == start then
-      prev = tonumber(p); cur = tonumber(c)
-    elseif s == start - window then
-      prev = tonumber(c)
-    end
-  end
+  local prev, cur = counter_counts(key, start, window)
   cur = cur + cost
   put(key, fmt(start) .. ':' .. fmt(prev) .. ':' .. fmt(cur), start + 2 * window - now)
 end

@@ -11,3 +11,38 @@ local function put(key, value, ttl)
     redis.call('SET', key, value, 'PX', math.ceil(ttl / 1000))
   end
 end
+
+-- The script's clock: ARGV's integer microsecond time (tests only) or, when it is
+-- "", the Redis server's. Effects replication first, so writes may follow TIME.
+local function script_now(arg)
+  if redis.replicate_commands then pcall(redis.replicate_commands) end
+  local now = tonumber(arg)
+  if now == nil then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return now
+end
+
+-- A fixed window's count ("start:count") if the key holds the window starting at start.
+local function fixed_count(key, start)
+  local raw = redis.call('GET', key)
+  if raw then
+    local s, c = string.match(raw, '^(%d+):(%d+)$')
+    if tonumber(s) == start then return tonumber(c) end
+  end
+  return 0
+end
+
+-- A sliding counter's previous and current counts ("start:prev:cur") for the window
+-- starting at start: the stored current count becomes "previous" one window later.
+local function counter_counts(key, start, window)
+  local raw = redis.call('GET', key)
+  if raw then
+    local s, p, c = string.match(raw, '^(%d+):(%d+):(%d+)$')
+    s = tonumber(s)
+    if s == start then return tonumber(p), tonumber(c) end
+    if s == start - window then return tonumber(c), 0 end
+  end
+  return 0, 0
+end

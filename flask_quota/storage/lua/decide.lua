@@ -7,8 +7,6 @@
 --          starting with "~" ("~tb") marks a shadow check: its denial does not deny
 --          (all_allowed ignores it) and it is charged only when it allows.
 -- Returns {now, all_allowed, then per tier: allowed, remaining, reset_us, retry_us}.
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-
 local algorithms = {
   tb = token_bucket,
   fw = fixed_window,
@@ -17,11 +15,7 @@ local algorithms = {
   blk = block_gate,
 }
 
-local now = tonumber(ARGV[2])
-if now == nil then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = script_now(ARGV[2])
 
 local results = {}
 local all_allowed = 1

@@ -2,12 +2,7 @@
 -- Mirrors flask_quota.algorithms.fixed_window.
 local function fixed_window(key, now, limit, window, capacity, cost)
   local start = now - now % window
-  local count = 0
-  local raw = redis.call('GET', key)
-  if raw then
-    local s, c = string.match(raw, '^(%d+):(%d+)$')
-    if tonumber(s) == start then count = tonumber(c) end
-  end
+  local count = fixed_count(key, start)
   local finish = start + window
   if count + cost <= limit then
     local used = count + cost

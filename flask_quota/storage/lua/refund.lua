@@ -10,13 +10,7 @@
 -- come back exactly; the token bucket keeps the time that passed since the charge
 -- (see refund_bucket), so a refund never gives more than was taken.
 -- Returns the number of keys changed.
-if redis.replicate_commands then pcall(redis.replicate_commands) end
-
-local now = tonumber(ARGV[1])
-if now == nil then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = script_now(ARGV[1])
 
 -- GCRA's max(tat, now) forgets credit it cannot see, so an exact inverse does not
 -- exist once others have charged. Subtracting the charge minus the time since it

@@ -39,17 +39,7 @@ end
 
 local function sliding_window_counter(key, now, limit, window, capacity, cost)
   local start = now - now % window
-  local prev, cur = 0, 0
-  local raw = redis.call('GET', key)
-  if raw then
-    local s, p, c = string.match(raw, '^(%d+):(%d+):(%d+)$')
-    s = tonumber(s)
-    if s == start then
-      prev = tonumber(p); cur = tonumber(c)
-    elseif s == start - window then
-      prev = tonumber(c)
-    end
-  end
+  local prev, cur = counter_counts(key, start, window)
   -- The previous window's count, weighted by what is left of it, rounded up.
   local weighted, rest = muldiv(prev, window - (now - start), window)
   if rest > 0 then weighted = weighted + 1 end
