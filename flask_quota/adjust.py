@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .algorithms import Algorithm
+from .algorithms import Algorithm, counter_counts, counter_reset
 from .rates import Rate
 
 __all__ = ["CHARGES", "REFUNDS", "Change"]
@@ -107,14 +107,9 @@ def charge_log(log: tuple[int, ...] | None, now: int, rate: Rate, cost: int) -> 
 def charge_counter(state: tuple[int, int, int] | None, now: int, rate: Rate, cost: int) -> Change:
     window = rate.window_us
     start = now - now % window
-    prev, cur = 0, 0
-    if state is not None:
-        if state[0] == start:
-            prev, cur = state[1], state[2]
-        elif state[0] == start - window:
-            prev = state[2]
+    prev, cur = counter_counts(state, start, window)
     cur += cost
-    reset = start + 2 * window if cur > 0 else (start + window if prev > 0 else now)
+    reset = counter_reset(start, prev, cur, now, window)
     return Change((start, prev, cur), reset - now) if reset > now else Change(None, None)
 
 

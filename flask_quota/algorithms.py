@@ -24,6 +24,8 @@ __all__ = [
     "Outcome",
     "Step",
     "block_gate",
+    "counter_counts",
+    "counter_reset",
     "fixed_window",
     "sliding_window_counter",
     "sliding_window_log",
@@ -146,16 +148,11 @@ def sliding_window_counter(
     """
     window = rate.window_us
     start = now - now % window
-    prev, cur = 0, 0
-    if state is not None:
-        if state[0] == start:
-            prev, cur = state[1], state[2]
-        elif state[0] == start - window:
-            prev = state[2]
+    prev, cur = counter_counts(state, start, window)
     weighted = -(-prev * (window - (now - start)) // window)
     if weighted + cur + cost <= rate.limit:
         cur += cost
-        reset = start + 2 * window if cur > 0 else (start + window if prev > 0 else now)
+        reset = counter_reset(start, prev, cur, now, window)
         return Step(
             Outcome(True, rate.limit, rate.limit - weighted - cur, reset, 0),
             (start, prev, cur),
@@ -163,12 +160,33 @@ def sliding_window_counter(
         )
     remaining = max(0, rate.limit - weighted - cur)
     retry = _counter_retry(start, prev, cur, now, rate, cost)
-    reset = start + 2 * window if cur > 0 else (start + window if prev > 0 else now)
+    reset = counter_reset(start, prev, cur, now, window)
     return Step(
         Outcome(False, rate.limit, remaining, reset, retry),
         state,
         0,
     )
+
+
+def counter_counts(state: tuple[int, int, int] | None, start: int, window: int) -> tuple[int, int]:
+    """The previous and current counts of the window at ``start``.
+
+    One window later the stored current count becomes the previous one; older
+    state counts for nothing.
+    """
+    if state is not None:
+        if state[0] == start:
+            return state[1], state[2]
+        if state[0] == start - window:
+            return state[2], 0
+    return 0, 0
+
+
+def counter_reset(start: int, prev: int, cur: int, now: int, window: int) -> int:
+    """When a sliding counter with these counts is empty again."""
+    if cur > 0:
+        return start + 2 * window
+    return start + window if prev > 0 else now
 
 
 def _counter_retry(start: int, prev: int, cur: int, now: int, rate: Rate, cost: int) -> int:
