@@ -27,10 +27,13 @@ from .policy import TierCheck
 from .sql_store import SqlStore, TablesMissing
 from .state import QuotaState, get_state
 from .storage import StorageError
+from .tiers import Tier
 
 __all__ = ["quota_cli"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+_TIER_CHOICE = click.Choice([t.value for t in Tier], case_sensitive=False)
 
 # Positional ids and rates may start with "-": let them reach validation, which
 # explains the problem in one line, instead of click's "no such option".
@@ -125,7 +128,7 @@ def plans_list() -> None:
 
 @plans_cli.command("set", context_settings=_RAW)
 @click.argument("plan")
-@click.argument("tier", type=click.Choice(["global", "user", "endpoint"], case_sensitive=False))
+@click.argument("tier", type=_TIER_CHOICE)
 @click.argument("rate")
 @click.option("--resource", help="The resource of an endpoint-tier rate, e.g. ai_inference.")
 @click.option(
@@ -210,7 +213,7 @@ def plans_delete(name: str, actor: str) -> None:
 
 @plans_cli.command("unset", context_settings=_RAW)
 @click.argument("plan")
-@click.argument("tier", type=click.Choice(["global", "user", "endpoint"], case_sensitive=False))
+@click.argument("tier", type=_TIER_CHOICE)
 @click.option("--resource", help="The resource of an endpoint-tier rate, e.g. ai_inference.")
 @actor_option
 @_one_line_errors
@@ -283,7 +286,7 @@ def clients_set_plan(client_id: str, plan: str, actor: str) -> None:
 
 @overrides_cli.command("add", context_settings=_RAW)
 @click.argument("client_id", metavar="CLIENT")
-@click.argument("tier", type=click.Choice(["global", "user", "endpoint"], case_sensitive=False))
+@click.argument("tier", type=_TIER_CHOICE)
 @click.argument("rate")
 @click.option("--resource", help="The resource of an endpoint-tier override.")
 @click.option("--expires", help="Lifetime, e.g. 30m, 12h, 7d, 2w; default: until removed.")
