@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 
 from flask_quota.testing import FrozenClock
 from tests.servers import REDIS_SERVER, RedisServer
-from tests.sqldb import POSTGRES_REQUIRED, POSTGRES_URL
+from tests.sqldb import POSTGRES_REQUIRED, POSTGRES_URL, sql_store
 
 # CI sets CI=true: there a missing redis-server is a failure, not a skip.
 REDIS_REQUIRED = os.environ.get("CI", "").lower() in ("1", "true") or bool(
@@ -88,6 +88,20 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture
 def clock() -> FrozenClock:
     return FrozenClock()
+
+
+@pytest.fixture
+def close_sql() -> Iterator[Callable[[Flask], Flask]]:
+    """Register an app (returned as is) whose SQL store is closed when the test ends."""
+    apps: list[Flask] = []
+
+    def register(app: Flask) -> Flask:
+        apps.append(app)
+        return app
+
+    yield register
+    for app in apps:
+        sql_store(app).close()
 
 
 @pytest.fixture

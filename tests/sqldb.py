@@ -16,10 +16,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from flask import Flask
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 
-__all__ = ["DATABASES", "POSTGRES_REQUIRED", "POSTGRES_URL", "database", "postgres_database"]
+from flask_quota.sql_store import SqlStore
+
+__all__ = [
+    "DATABASES",
+    "POSTGRES_REQUIRED",
+    "POSTGRES_URL",
+    "database",
+    "postgres_database",
+    "sql_store",
+]
 
 DATABASES = ["sqlite", "postgresql"]
 
@@ -68,3 +78,10 @@ def database(kind: str, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'quota.sqlite3'}"
     else:
         yield from postgres_database()
+
+
+def sql_store(app: Flask) -> SqlStore:
+    """The SQL store of an app built with ``QUOTA_DATABASE_URL``."""
+    sql: SqlStore | None = app.extensions["quota"].sql
+    assert sql is not None
+    return sql

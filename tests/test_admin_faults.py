@@ -21,7 +21,7 @@ from flask_quota.admin import AdminError, QuotaAdmin
 from flask_quota.models import Client, PlanLimit, PlanRecord
 from flask_quota.sql_store import DEFAULT_DATABASE_FILE, SqlStore
 from flask_quota.storage import MemoryStorage, StorageError
-from tests.sqldb import DATABASES, database
+from tests.sqldb import DATABASES, database, sql_store
 from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app
 
 PLANS = {"free": {"user": "5/hour"}, "pro": {"user": "50/hour"}}
@@ -43,13 +43,7 @@ def app(tmp_path: Path) -> Iterator[Flask]:
     Quota(app, storage=MemoryStorage())
     app.add_url_rule("/items", "items", lambda: "items")
     yield app
-    store(app).close()
-
-
-def store(app: Flask) -> SqlStore:
-    sql = app.extensions["quota"].sql
-    assert sql is not None
-    return sql
+    sql_store(app).close()
 
 
 def audit_actions(sql: SqlStore) -> list[str]:
@@ -88,17 +82,17 @@ def test_a_reset_whose_audit_entry_cannot_be_written_clears_nothing(app: Flask) 
 def test_audited_records_the_change_before_it_and_a_failure_after_it(app: Flask) -> None:
     """QuotaAdmin.audited commits its entry before the body runs; a failing body adds
     an '<action>.failed' entry with the error and re-raises."""
-    admin = QuotaAdmin(store(app), actor="ops")
+    admin = QuotaAdmin(sql_store(app), actor="ops")
     seen_inside: list[list[str]] = []
     with admin.audited("usage.reset", "ip:1.2.3.4", None, {"buckets": 2}):
-        seen_inside.append(audit_actions(store(app)))
+        seen_inside.append(audit_actions(sql_store(app)))
     assert seen_inside == [["usage.reset"]]  # committed before the change
     with (
         pytest.raises(StorageError),
         admin.audited("usage.reset", "ip:1.2.3.4", None, {"buckets": 2}),
     ):
         raise StorageError("redis down")
-    assert audit_actions(store(app)) == ["usage.reset", "usage.reset", "usage.reset.failed"]
+    assert audit_actions(sql_store(app)) == ["usage.reset", "usage.reset", "usage.reset.failed"]
     failed = admin.audit_log(limit=1)[0]
     assert failed.after is not None and "redis down" in failed.after["error"]
 
@@ -107,7 +101,7 @@ def test_audited_records_the_change_before_it_and_a_failure_after_it(app: Flask)
 def ops_app(tmp_path: Path) -> Iterator[Flask]:
     app = dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
     yield app
-    store(app).close()
+    sql_store(app).close()
 
 
 def default_url(tmp_path: Path) -> str:
@@ -208,20 +202,20 @@ def sql_app(tmp_path: Path, database_url: str) -> Iterator[Flask]:
     app = Flask(__name__, instance_path=str(tmp_path / "instance"))
     app.config.update(TESTING=True, QUOTA_PLANS=PLANS, QUOTA_DATABASE_URL=database_url)
     Quota(app, storage=MemoryStorage())
-    store(app).ensure_ready()
+    sql_store(app).ensure_ready()
     yield app
-    store(app).close()
+    sql_store(app).close()
 
 
 def test_concurrent_sets_of_the_same_limit_both_succeed(sql_app: Flask, database_url: str) -> None:
     """Two writers add the same plan limit at once: no IntegrityError, the later one wins."""
     race = Race(
-        store(sql_app),
+        sql_store(sql_app),
         database_url,
         "quota_plan_limits",
         export_limit,
     )
-    admin = QuotaAdmin(store(sql_app), actor="ops")
+    admin = QuotaAdmin(sql_store(sql_app), actor="ops")
     result = race.run(lambda: admin.set_plan_limit("free", "endpoint", "9/hour", resource="export"))
     assert not isinstance(result, Exception), repr(result)
     rates = {(x.tier, x.resource): x.rate for x in admin.plans()[0].limits}
@@ -234,14 +228,14 @@ def test_concurrent_creates_of_the_same_client_name_get_a_clear_message(
     """Two writers create a client of the same name at once: the loser is told the name
     is taken, not shown an IntegrityError."""
     race = Race(
-        store(sql_app),
+        sql_store(sql_app),
         database_url,
         "quota_clients",
         lambda plan_id: Client(
             name="acme", plan_id=plan_id, key_prefix="fq_other0000", key_salt="s", key_hash="h"
         ),
     )
-    admin = QuotaAdmin(store(sql_app), actor="ops")
+    admin = QuotaAdmin(sql_store(sql_app), actor="ops")
     result = race.run(lambda: admin.create_client("acme", "free"))
     assert isinstance(result, AdminError), repr(result)
     assert "exists already" in str(result)
@@ -254,7 +248,7 @@ def test_concurrent_plan_edits_on_the_dashboard_answer_no_500(
     http = ops_app.test_client()
     token = csrf_from(http, "/quota/plans")
     race = Race(
-        store(ops_app),
+        sql_store(ops_app),
         default_url(tmp_path),
         "quota_plan_limits",
         export_limit,

@@ -17,9 +17,8 @@ from flask.testing import FlaskCliRunner
 
 from flask_quota import Quota
 from flask_quota.admin import QuotaAdmin
-from flask_quota.sql_store import SqlStore
 from tests.servers import ROOT, RedisServer
-from tests.sqldb import DATABASES, database
+from tests.sqldb import DATABASES, database, sql_store
 
 
 @pytest.fixture(params=DATABASES)
@@ -50,13 +49,7 @@ def app(tmp_path: Path, database_url: str) -> Iterator[Flask]:
         return "results"
 
     yield app
-    store(app).close()
-
-
-def store(app: Flask) -> SqlStore:
-    sql = app.extensions["quota"].sql
-    assert sql is not None
-    return sql
+    sql_store(app).close()
 
 
 def run(app: Flask, *args: str, actor: str | None = "alice") -> Result:
@@ -80,7 +73,7 @@ def create(app: Flask, name: str, plan: str) -> tuple[int, str]:
 
 
 def audit(app: Flask) -> list[tuple[str, str, str]]:
-    entries = QuotaAdmin(store(app), actor="test").audit_log()
+    entries = QuotaAdmin(sql_store(app), actor="test").audit_log()
     return [(e.actor, e.action, e.target) for e in reversed(entries)]
 
 
@@ -181,7 +174,7 @@ def test_override_expiry_may_be_up_to_3650_days(app: Flask) -> None:
             app, "overrides", "add", str(client_id), "user", "9/hour", "--expires", lifetime
         )
         assert result.exit_code == 0, result.output
-        [info] = QuotaAdmin(store(app), actor="test").overrides(str(client_id))
+        [info] = QuotaAdmin(sql_store(app), actor="test").overrides(str(client_id))
         assert info.expires_at is not None
         left = info.expires_at - datetime.now(UTC).replace(tzinfo=info.expires_at.tzinfo)
         assert timedelta(days=days - 1) < left <= timedelta(days=days)
@@ -244,12 +237,12 @@ def test_bad_input_exits_non_zero_with_one_line_and_changes_nothing(
 ) -> None:
     """Unknown plans, malformed rates and negative numbers: status 1, one line, no change."""
     create(app, "acme", "free")
-    before = (store(app).version(), audit(app), read(app, "plans", "list").output)
+    before = (sql_store(app).version(), audit(app), read(app, "plans", "list").output)
     result = run(app, *args)
     assert result.exit_code == 1
     assert message in result.output
     assert len(result.output.strip().splitlines()) == 1, result.output
-    assert (store(app).version(), audit(app), read(app, "plans", "list").output) == before
+    assert (sql_store(app).version(), audit(app), read(app, "plans", "list").output) == before
 
 
 @pytest.mark.redis
@@ -281,7 +274,7 @@ def test_usage_peeks_without_charging_and_reset_clears(
         anonymous = read(app, "usage", "--ip", "127.0.0.1").output
         assert re.search(r"user\s+user\s+5/hour\s+5/5", anonymous), anonymous
     finally:
-        store(app).close()
+        sql_store(app).close()
 
 
 def test_the_flask_command_line_works_on_the_demo_app(tmp_path: Path, database_url: str) -> None:

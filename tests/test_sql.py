@@ -23,11 +23,11 @@ from flask_quota.models import Client, PlanLimit, metadata
 from flask_quota.plans import Plan
 from flask_quota.rates import parse_rate, parse_rates
 from flask_quota.snapshot import OverrideRule, SqlCatalog
-from flask_quota.sql_store import DEFAULT_DATABASE_FILE, SqlStore, TablesMissing
+from flask_quota.sql_store import DEFAULT_DATABASE_FILE, TablesMissing
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock
 from flask_quota.tiers import Tier
-from tests.sqldb import DATABASES, database
+from tests.sqldb import DATABASES, database, sql_store
 
 
 @pytest.fixture(params=DATABASES)
@@ -43,9 +43,8 @@ PLANS = {
 
 
 @pytest.fixture
-def apps(tmp_path: Path) -> Iterator[Callable[..., Flask]]:
+def apps(tmp_path: Path, close_sql: Callable[[Flask], Flask]) -> Callable[..., Flask]:
     """Build apps on one database; their SQL stores are closed afterwards."""
-    made: list[Flask] = []
 
     def build(url: str | None = None, *, name: str = "app", **config: Any) -> Flask:
         app = Flask(__name__, instance_path=str(tmp_path / name))
@@ -63,22 +62,13 @@ def apps(tmp_path: Path) -> Iterator[Callable[..., Flask]]:
         def search() -> str:
             return "results"
 
-        made.append(app)
-        return app
+        return close_sql(app)
 
-    yield build
-    for app in made:
-        store(app).close()
-
-
-def store(app: Flask) -> SqlStore:
-    sql = app.extensions["quota"].sql
-    assert sql is not None
-    return sql
+    return build
 
 
 def admin(app: Flask) -> QuotaAdmin:
-    return QuotaAdmin(store(app), actor="test")
+    return QuotaAdmin(sql_store(app), actor="test")
 
 
 def user_quota(http: FlaskClient, **headers: str) -> int:
@@ -92,7 +82,7 @@ def test_first_use_creates_the_tables_and_seeds_the_configured_plans(
 ) -> None:
     """Without db=, the store's first load creates the quota tables and inserts QUOTA_PLANS."""
     app = apps(database_url)
-    assert store(app).wait_loaded(10)
+    assert sql_store(app).wait_loaded(10)
     engine = create_engine(database_url)
     assert user_quota(app.test_client()) == 5
     assert {t for t in inspect(engine).get_table_names() if t.startswith("quota_")} >= set(
@@ -109,7 +99,7 @@ def test_seed_plans_are_inserted_only_into_an_empty_plan_table(
     first = apps(database_url, name="one")
     admin(first).set_plan_limit("free", "user", "7/hour")
     second = apps(database_url, name="two", QUOTA_PLANS={"free": {"user": "1/hour"}})
-    assert store(second).wait_loaded(10)
+    assert sql_store(second).wait_loaded(10)
     assert user_quota(second.test_client()) == 7
 
 
@@ -134,7 +124,7 @@ def test_an_api_key_selects_its_client_and_plan(
     http = app.test_client()
     assert user_quota(http, **{"X-API-Key": key}) == 50
     assert user_quota(http) == 5  # anonymous: the free plan
-    identity = store(app).identify(key)
+    identity = sql_store(app).identify(key)
     assert identity is not None and (identity.id, identity.plan) == (str(info.id), "pro")
 
 
@@ -145,7 +135,7 @@ def test_keys_are_stored_only_as_salted_hashes(
     app = apps(database_url)
     _, key = admin(app).create_client("acme", "free")
     _, other = admin(app).create_client("other", "free")
-    with store(app).session() as session:
+    with sql_store(app).session() as session:
         rows = session.scalars(select(Client).order_by(Client.id)).all()
         stored = [(r.key_prefix, r.key_salt, r.key_hash) for r in rows]
     assert [prefix for prefix, _, _ in stored] == [key[:PREFIX_LENGTH], other[:PREFIX_LENGTH]]
@@ -232,7 +222,7 @@ def test_requests_run_no_sql_in_steady_state(apps: Callable[..., Flask], databas
         else:
             others += 1
 
-    engine = store(app).engine
+    engine = sql_store(app).engine
     event.listen(engine, "before_cursor_execute", count)
     try:
         for i in range(300):
@@ -281,12 +271,12 @@ def test_host_flask_sqlalchemy_keeps_the_tables(tmp_path: Path, database_url: st
     try:
         with app.app_context():
             with pytest.raises(TablesMissing, match="flask db migrate"):
-                store(app).ensure_ready()
+                sql_store(app).ensure_ready()
             db.create_all()
             _, key = admin(app).create_client("acme", "pro")
         assert user_quota(app.test_client(), **{"X-API-Key": key}) == 50
     finally:
-        store(app).close()
+        sql_store(app).close()
         with app.app_context():
             db.drop_all()
             db.engine.dispose()

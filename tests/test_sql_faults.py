@@ -19,9 +19,8 @@ from sqlalchemy import create_engine, update
 from flask_quota import Quota
 from flask_quota.admin import QuotaAdmin
 from flask_quota.models import Client, QuotaMeta, utcnow
-from flask_quota.sql_store import SqlStore
 from flask_quota.storage import MemoryStorage
-from tests.sqldb import postgres_database
+from tests.sqldb import postgres_database, sql_store
 from tests.sqlfaults import HungDatabase, Proxy
 
 PLANS = {
@@ -46,8 +45,8 @@ def postgres() -> Iterator[str]:
 
 
 @pytest.fixture
-def build(tmp_path: Path) -> Iterator[Callable[..., Flask]]:
-    made: list[Flask] = []
+def build(tmp_path: Path, close_sql: Callable[[Flask], Flask]) -> Callable[..., Flask]:
+    """Apps on the database at ``url``; their SQL stores are closed afterwards."""
 
     def make(url: str, **config: Any) -> Flask:
         app = Flask(__name__, instance_path=str(tmp_path / "instance"))
@@ -59,18 +58,9 @@ def build(tmp_path: Path) -> Iterator[Callable[..., Flask]]:
         app.add_url_rule(
             "/infer", "infer", quota.limit(resource="ai")(lambda: "ok"), methods=["POST"]
         )
-        made.append(app)
-        return app
+        return close_sql(app)
 
-    yield make
-    for app in made:
-        store(app).close()
-
-
-def store(app: Flask) -> SqlStore:
-    sql = app.extensions["quota"].sql
-    assert sql is not None
-    return sql
+    return make
 
 
 def within(seconds: float, work: Callable[[], Any]) -> Any:
@@ -156,7 +146,7 @@ def test_an_unreachable_database_at_start_is_logged_once_and_keys_serve_as_anony
     time.sleep(3)  # several polls fail meanwhile
     assert logged(caplog, NO_ANSWER) == 1, caplog.text
     assert logged(caplog, UNVERIFIED) == 1, caplog.text
-    health = store(app).health()
+    health = sql_store(app).health()
     assert not health.loaded and health.error is not None
 
 
@@ -167,8 +157,8 @@ def test_keys_are_verified_once_the_database_answers(
     plan, and an unknown key is refused (401) again."""
     caplog.set_level(logging.WARNING, logger="flask_quota")
     operator = build(postgres, QUOTA_REJECT_UNKNOWN_KEYS=True)
-    wait_for(lambda: store(operator).health().loaded, 20, "the operator's first load")
-    _, key = QuotaAdmin(store(operator), actor="t").create_client("acme", "pro")
+    wait_for(lambda: sql_store(operator).health().loaded, 20, "the operator's first load")
+    _, key = QuotaAdmin(sql_store(operator), actor="t").create_client("acme", "pro")
     proxy = Proxy(postgres)
     try:
         proxy.kill()  # connections are refused from the start
@@ -177,7 +167,7 @@ def test_keys_are_verified_once_the_database_answers(
         wait_for(lambda: logged(caplog, NO_ANSWER) > 0, 20, "the failed first load is logged")
         assert http.get("/items", headers={"X-API-Key": key}).status_code == 200
         proxy.revive()
-        wait_for(lambda: store(app).health().loaded, 20, "the load once the database answers")
+        wait_for(lambda: sql_store(app).health().loaded, 20, "the load once the database answers")
         policy = http.post("/infer", headers={"X-API-Key": key}).headers["RateLimit-Policy"]
         assert '"ai";q=8;' in policy  # the client's pro plan
         assert http.get("/items", headers={"X-API-Key": "fq_" + "u" * 40}).status_code == 401
@@ -209,19 +199,19 @@ def outage_scenario(
         return logged(caplog, STALE) > 0
 
     wait_for(stale, 30, "the stale snapshot is logged")
-    assert store(app).health().stale
+    assert sql_store(app).health().stale
     time.sleep(2)  # more polls fail: still one warning
     statuses += traffic(http, keyed, 7) + traffic(http, {}, 4)
     assert all(status < 500 for status in statuses), statuses
     assert statuses[-11:] == [200] * 6 + [429] + [200] * 3 + [429]  # pro 8, free 5 per minute
     assert logged(caplog, STALE) == 1, caplog.text
-    assert store(app).health().stale_events == 1
+    assert sql_store(app).health().stale_events == 1
 
 
 def loaded_app(build: Callable[..., Flask], url: str, **config: Any) -> tuple[Flask, str]:
     app = build(url, QUOTA_SYNC_INTERVAL=0.2, **config)
-    wait_for(lambda: store(app).health().loaded, 20, "the first load")
-    _, key = QuotaAdmin(store(app), actor="t").create_client("acme", "pro")
+    wait_for(lambda: sql_store(app).health().loaded, 20, "the first load")
+    _, key = QuotaAdmin(sql_store(app), actor="t").create_client("acme", "pro")
     return app, key
 
 
@@ -255,7 +245,7 @@ def test_a_postgresql_database_going_away_mid_traffic(
         outage_scenario(app, key, caplog, proxy.kill)
         proxy.revive()
         wait_for(lambda: logged(caplog, "answers again") > 0, 20, "the recovery is logged")
-        assert not store(app).health().stale
+        assert not sql_store(app).health().stale
         assert logged(caplog, "current again") == 1, caplog.text
     finally:
         proxy.close()
@@ -285,7 +275,7 @@ def test_a_hung_postgresql_is_noticed_and_a_revocation_applies_when_it_answers(
             20,
             "the revocation applies",
         )
-        wait_for(lambda: not store(app).health().stale, 10, "a current snapshot")
+        wait_for(lambda: not sql_store(app).health().stale, 10, "a current snapshot")
     finally:
         proxy.close()
 
@@ -296,7 +286,7 @@ def test_the_dashboard_overview_shows_the_snapshot_age(tmp_path: Path) -> None:
 
     app = dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
     try:
-        wait_for(lambda: store(app).health().loaded, 20, "the first load")
+        wait_for(lambda: sql_store(app).health().loaded, 20, "the first load")
         http = app.test_client()
         sql = http.get("/quota/api/overview", headers=OPS).get_json()["sql"]
         assert sql["loaded"] is True and sql["stale"] is False
@@ -304,7 +294,7 @@ def test_the_dashboard_overview_shows_the_snapshot_age(tmp_path: Path) -> None:
         page = http.get("/quota/", headers=OPS).get_data(as_text=True)
         assert 'id="sql"' in page
     finally:
-        store(app).close()
+        sql_store(app).close()
 
 
 @pytest.mark.parametrize(
@@ -321,7 +311,7 @@ def test_a_statement_beyond_the_bound_is_cancelled(
     started = time.monotonic()
     with (
         pytest.raises(OperationalError, match="statement timeout"),
-        store(app).engine.connect() as conn,
+        sql_store(app).engine.connect() as conn,
     ):
         conn.execute(text("SELECT pg_sleep(30)"))
     assert bound - 0.5 < time.monotonic() - started < bound + 5

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,9 @@ from sqlalchemy import create_engine, inspect
 
 from flask_quota import Quota
 from flask_quota.admin import QuotaAdmin
-from flask_quota.sql_store import DEFAULT_DATABASE_FILE, SqlStore
+from flask_quota.sql_store import DEFAULT_DATABASE_FILE
 from flask_quota.storage import MemoryStorage
+from tests.sqldb import sql_store
 
 PLANS = {
     "free": {"user": "3/minute"},
@@ -33,27 +34,17 @@ def sync_threads() -> set[threading.Thread]:
 
 
 @pytest.fixture
-def build(tmp_path: Path) -> Iterator[Callable[..., Flask]]:
+def build(tmp_path: Path, close_sql: Callable[[Flask], Flask]) -> Callable[..., Flask]:
     """Apps with one limited route; ``name`` picks the instance folder (shared = same DB)."""
-    made: list[Flask] = []
 
     def make(name: str = "instance", **config: Any) -> Flask:
         app = Flask(__name__, instance_path=str(tmp_path / name))
         app.config.update({"TESTING": True, "QUOTA_PLANS": PLANS, **config})
         Quota(app, storage=MemoryStorage())
         app.add_url_rule("/items", "items", lambda: "items")
-        made.append(app)
-        return app
+        return close_sql(app)
 
-    yield make
-    for app in made:
-        store(app).close()
-
-
-def store(app: Flask) -> SqlStore:
-    sql = app.extensions["quota"].sql
-    assert sql is not None
-    return sql
+    return make
 
 
 def user_quota(app: Flask, key: str | None = None) -> int:
@@ -91,7 +82,7 @@ def test_a_decorator_only_app_creates_no_database_and_runs_no_thread(
     assert invented.status_code == 429  # unknown key: the anonymous budget, no fresh bucket
     assert not (tmp_path / "instance" / DEFAULT_DATABASE_FILE).exists()
     assert sync_threads() - before == set()
-    assert not store(app).health().started
+    assert not sql_store(app).health().started
 
 
 def test_an_unknown_key_without_any_database_is_refused_and_creates_nothing(
@@ -139,11 +130,11 @@ def test_a_configured_database_is_loaded_in_the_background_at_start(
     so plan changes reach this worker whether or not it has served anything."""
     url = f"sqlite:///{tmp_path / 'quota.sqlite3'}"
     app = build(QUOTA_DATABASE_URL=url)
-    wait_for(lambda: store(app).health().loaded, 10.0, "the first load")
+    wait_for(lambda: sql_store(app).health().loaded, 10.0, "the first load")
     engine = create_engine(url)
     assert inspect(engine).has_table("quota_plans")
     engine.dispose()
-    QuotaAdmin(store(app), actor="t").set_plan_limit("free", "user", "9/minute")
+    QuotaAdmin(sql_store(app), actor="t").set_plan_limit("free", "user", "9/minute")
     assert user_quota(app) == 9
 
 
@@ -160,7 +151,7 @@ def test_an_app_made_by_a_flask_command_starts_nothing(
     assert not (tmp_path / "quota.sqlite3").exists()
     assert sync_threads() - before == set()
     assert user_quota(app) == 3  # a request (e.g. `flask run`) starts it in the background
-    wait_for(lambda: store(app).health().loaded, 10.0, "the first load")
+    wait_for(lambda: sql_store(app).health().loaded, 10.0, "the first load")
 
 
 @pytest.mark.parametrize(
@@ -226,9 +217,9 @@ def test_quota_before_the_hosts_flask_sqlalchemy_starts_cleanly(
         with app.app_context():
             db.create_all()
         assert user_quota(app) == 3
-        wait_for(lambda: store(app).health().loaded, 10.0, "the first load")
+        wait_for(lambda: sql_store(app).health().loaded, 10.0, "the first load")
         assert "does not answer" not in caplog.text
     finally:
-        store(app).close()
+        sql_store(app).close()
         with app.app_context():
             db.engine.dispose()
