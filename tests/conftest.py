@@ -17,6 +17,7 @@ from flask import Flask
 from sqlalchemy.engine import make_url
 
 from flask_quota.testing import FrozenClock
+from tests.cluster import REDIS_CLI, Cluster
 from tests.servers import REDIS_SERVER, RedisServer
 from tests.sqldb import POSTGRES_REQUIRED, POSTGRES_URL, sql_store
 
@@ -83,6 +84,17 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path / "redis")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A six-node Redis Cluster (three masters, three replicas), one per test module."""
+    _need_redis()
+    if REDIS_CLI is None:
+        pytest.skip("redis-cli not installed")
+    nodes = Cluster(tmp_path_factory.mktemp("cluster"))
+    yield nodes
+    nodes.stop()
 
 
 @pytest.fixture

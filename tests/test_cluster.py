@@ -10,42 +10,30 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from flask import Flask, request
+from flask import Flask
 from hypothesis import given
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from flask_quota import Identity, Quota
 from flask_quota.algorithms import Algorithm
 from flask_quota.keys import KeyBuilder
 from flask_quota.rates import parse_rate
 from flask_quota.storage import Check
 from flask_quota.storage.cluster import ClusterStorage, slot_groups
 from flask_quota.testing import FrozenClock
-from tests.cluster import REDIS_CLI, Cluster, command
-from tests.conftest import _need_redis
+from tests.apps.many import header_quota
+from tests.cluster import Cluster, command
 from tests.load import hammer, serve_many
 from tests.servers import RedisServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 WEEK = "7 days"  # long windows: nothing refills while a test runs
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    _need_redis()
-    if REDIS_CLI is None:
-        pytest.skip("redis-cli not installed")
-    nodes = Cluster(tmp_path_factory.mktemp("cluster"))
-    yield nodes
-    nodes.stop()
 
 
 @pytest.fixture
@@ -93,18 +81,7 @@ def cluster_app(app: Flask, cluster: Cluster, **config: Any) -> Flask:
         QUOTA_DENY_CACHE=False,
         **config,
     )
-    quota = Quota(app)
-
-    @quota.identity_loader
-    def from_header() -> Identity | None:
-        client = request.headers.get("X-Client")
-        return Identity(client) if client else None
-
-    @app.get("/work")
-    @quota.limit(resource="work")
-    def work() -> str:
-        return "done"
-
+    header_quota(app)
     return app
 
 

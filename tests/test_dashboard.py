@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flask import Flask
+from flask import Flask, request
 from flask.testing import FlaskClient
 from werkzeug.security import generate_password_hash
 
@@ -32,6 +32,20 @@ def basic(user: str, password: str) -> dict[str, str]:
 OPS = basic("ops", PASSWORD)
 
 
+def x_user_routes(app: Flask, quota: Quota) -> None:
+    """Callers name themselves in ``X-User``; ``POST /infer`` is limited by resource "ai"."""
+
+    @quota.identity_loader
+    def load() -> Identity | None:
+        user = request.headers.get("X-User")
+        return Identity(user) if user else None
+
+    @app.post("/infer")
+    @quota.limit(resource="ai")
+    def infer() -> str:
+        return "ok"
+
+
 def dashboard_app(tmp_path: Path, storage: Storage | None = None, **config: Any) -> Flask:
     app = Flask(__name__, instance_path=str(tmp_path / "instance"))
     app.secret_key = "test-secret"
@@ -43,18 +57,7 @@ def dashboard_app(tmp_path: Path, storage: Storage | None = None, **config: Any)
         }
     )
     quota = Quota(app, storage=storage or MemoryStorage())
-
-    @quota.identity_loader
-    def load() -> Identity | None:
-        from flask import request
-
-        user = request.headers.get("X-User")
-        return Identity(user) if user else None
-
-    @app.post("/infer")
-    @quota.limit(resource="ai")
-    def infer() -> str:
-        return "ok"
+    x_user_routes(app, quota)
 
     @app.get("/items")
     def items() -> str:
@@ -125,8 +128,6 @@ def test_callable_auth(tmp_path: Path) -> None:
 
 
 def _header(name: str) -> str | None:
-    from flask import request
-
     return request.headers.get(name)
 
 

@@ -17,8 +17,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 from werkzeug.security import generate_password_hash
 
-from flask_quota import Identity, Quota
+from flask_quota import Quota
 from tests.servers import RedisServer
+from tests.test_dashboard import x_user_routes
 
 PASSWORD = "outage-password"
 OPS = {"Authorization": "Basic " + base64.b64encode(f"ops:{PASSWORD}".encode()).decode()}
@@ -46,18 +47,7 @@ def redis_app(tmp_path: Path, redis_url: str, **config: Any) -> Flask:
         }
     )
     quota = Quota(app)
-
-    @quota.identity_loader
-    def load() -> Identity | None:
-        from flask import request
-
-        user = request.headers.get("X-User")
-        return Identity(user) if user else None
-
-    @app.post("/infer")
-    @quota.limit(resource="ai")
-    def infer() -> str:
-        return "ok"
+    x_user_routes(app, quota)
 
     return app
 

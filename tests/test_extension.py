@@ -26,9 +26,8 @@ PLANS = {
 }
 
 
-def make_app(app: Flask, clock: FrozenClock, **config: Any) -> tuple[Quota, FlaskClient]:
-    app.config.update({"QUOTA_PLANS": PLANS, **config})
-    quota = Quota(app, storage=MemoryStorage(clock))
+def infer_and_items(app: Flask, quota: Quota) -> None:
+    """``POST /infer`` meets the endpoint tier "ai_inference"; ``GET /items`` does not."""
 
     @app.post("/infer")
     @quota.limit(resource="ai_inference")
@@ -38,6 +37,12 @@ def make_app(app: Flask, clock: FrozenClock, **config: Any) -> tuple[Quota, Flas
     @app.get("/items")
     def items() -> str:
         return "items"
+
+
+def make_app(app: Flask, clock: FrozenClock, **config: Any) -> tuple[Quota, FlaskClient]:
+    app.config.update({"QUOTA_PLANS": PLANS, **config})
+    quota = Quota(app, storage=MemoryStorage(clock))
+    infer_and_items(app, quota)
 
     @app.get("/export")
     @quota.limit("2/minute", cost=1)

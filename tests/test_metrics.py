@@ -22,6 +22,7 @@ from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock
 from tests.prom import Scrape
 from tests.servers import ROOT, RedisServer
+from tests.test_extension import infer_and_items
 
 PLANS = {
     "free": {
@@ -51,14 +52,7 @@ def metered_app(app: Flask, storage: MemoryStorage | None = None, **config: Any)
         client = request.headers.get("X-Client")
         return Identity(client) if client else None
 
-    @app.post("/infer")
-    @quota.limit(resource="ai_inference")
-    def infer() -> str:
-        return "inferred"
-
-    @app.get("/items")
-    def items() -> str:
-        return "items"
+    infer_and_items(app, quota)
 
     return quota
 

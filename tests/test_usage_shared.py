@@ -18,48 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from flask import Flask
 
-from flask_quota import Quota
-from tests.cluster import REDIS_CLI, Cluster
+from tests.apps.usage import app_on
 from tests.conftest import _need_redis
 from tests.sentinel import SentinelGroup
 from tests.servers import ROOT
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
-
-# argv: storage URL, instance folder, key prefix, client address
-OTHER_PROCESS = """
-import sys
-from flask import Flask
-from flask_quota import Quota
-
-url, folder, prefix, address = sys.argv[1:]
-app = Flask("other", instance_path=folder)
-app.secret_key = "other"
-app.config.update(
-    QUOTA_STORAGE_URL=url,
-    QUOTA_STORAGE_TIMEOUT=2,
-    QUOTA_KEY_PREFIX=prefix,
-    QUOTA_DASHBOARD_URL="/quota",
-    QUOTA_DATABASE_URL=f"sqlite:///{folder}/quota.sqlite3",
-    QUOTA_PLANS={"free": {"user": "100/hour"}},
-)
-Quota(app)
-app.add_url_rule("/items", "items", lambda: "ok")
-assert app.test_client().get("/items", environ_base={"REMOTE_ADDR": address}).status_code == 200
-app.extensions["quota"].usage.flush()
-"""
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    _need_redis()
-    if REDIS_CLI is None:
-        pytest.skip("redis-cli not installed")
-    nodes = Cluster(tmp_path_factory.mktemp("cluster"))
-    yield nodes
-    nodes.stop()
 
 
 @pytest.fixture(scope="module")
@@ -68,23 +33,6 @@ def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelGroup
     group = SentinelGroup(tmp_path_factory.mktemp("sentinel"))
     yield group
     group.stop()
-
-
-def app_on(url: str, folder: Path, prefix: str) -> Flask:
-    folder.mkdir(parents=True)
-    app = Flask(__name__, instance_path=str(folder))
-    app.secret_key = "here"
-    app.config.update(
-        QUOTA_STORAGE_URL=url,
-        QUOTA_STORAGE_TIMEOUT=2,
-        QUOTA_KEY_PREFIX=prefix,
-        QUOTA_DASHBOARD_URL="/quota",
-        QUOTA_DATABASE_URL=f"sqlite:///{folder}/quota.sqlite3",
-        QUOTA_PLANS={"free": {"user": "100/hour"}},
-    )
-    Quota(app)
-    app.add_url_rule("/items", "items", lambda: "ok")
-    return app
 
 
 @pytest.mark.parametrize("backend", ["cluster", "sentinel"])
@@ -99,8 +47,8 @@ def test_usage_is_shared_between_processes(
     assert http.get("/items", environ_base={"REMOTE_ADDR": "192.0.2.1"}).status_code == 200
     usage = app.extensions["quota"].usage
     usage.flush()
-    (tmp_path / "there").mkdir()
-    other = [sys.executable, "-c", OTHER_PROCESS, url, str(tmp_path / "there"), prefix, "192.0.2.2"]
+    there = str(tmp_path / "there")
+    other = [sys.executable, "-m", "tests.apps.usage", url, there, prefix, "192.0.2.2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run(other, cwd=ROOT, env=env, check=True, timeout=120)
     minute = int(time.time() // 60)

@@ -8,17 +8,22 @@ identity is fine for a test that needs thousands of callers, never for an app.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from flask import Flask, request
 
 from flask_quota import Identity, Quota
 
-__all__ = ["app", "create_app"]
+__all__ = ["app", "create_app", "header_quota"]
 
 
-def create_app() -> Flask:
-    app = Flask(__name__)
-    app.config.update({k: v for k, v in os.environ.items() if k.startswith("QUOTA_")})
+def header_quota(app: Flask) -> Quota:
+    """Quota on ``app`` as configured, with the test routes; callers are named by headers.
+
+    ``X-Client`` names the caller (none: anonymous) and ``X-Plan`` may pick its plan.
+    ``/ping`` meets the global and user tiers, ``/work`` the endpoint tier "work" as
+    well (its rate comes from the plan), and ``/healthz`` none.
+    """
     quota = Quota(app)
 
     @quota.identity_loader
@@ -28,18 +33,27 @@ def create_app() -> Flask:
 
     @app.get("/ping")
     def ping() -> str:
-        return "pong"  # global and user tiers
+        return "pong"
 
     @app.get("/work")
     @quota.limit(resource="work")
     def work() -> str:
-        return "done"  # global, user and the endpoint tier "work" (rate from the plan)
+        return "done"
 
     @app.get("/healthz")
     @quota.exempt
     def healthz() -> str:
         return "ok"
 
+    return quota
+
+
+def create_app(**defaults: Any) -> Flask:
+    """The app, configured by ``defaults`` and then by the environment's ``QUOTA_*``."""
+    app = Flask(__name__)
+    app.config.update(defaults)
+    app.config.update({k: v for k, v in os.environ.items() if k.startswith("QUOTA_")})
+    header_quota(app)
     return app
 
 
