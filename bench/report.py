@@ -115,7 +115,7 @@ def targets(r: Results) -> list[Target]:
                 f"{_us(ours_added)} us added vs {_us(raw)} us raw EVALSHA of the same script "
                 f"= {_x(ratio)} (vs `return 1`: "
                 f"{_x(_ratio(ours_added, _median(r, 'raw/evalsha-return1')))}; vs the same "
-                f"EVALSHA made from a bare app's hook, "
+                f"floor (bare app + one EVALSHA of GET + SET PX on 3 keys), "
                 f"{_us(_added(r, 'floor/in-request/decide3'))} us added: "
                 f"{_x(_ratio(ours_added, _added(r, 'floor/in-request/decide3')))})",
                 None if ratio is None else ratio <= 1.5,
@@ -413,10 +413,13 @@ def _latency_section(r: Results) -> str:
     rows.append(
         row("raw EVALSHA `return 1` (redis-py, our client settings)", "raw/evalsha-return1")
     )
-    rows.append(row("raw EVALSHA of flask-quota's script, 3 keys (the floor)", RAW))
+    rows.append(row("raw EVALSHA of flask-quota's script, 3 keys, tight loop (x floor)", RAW))
     rows.append(row("flask-quota `RedisStorage.decide`, 3 checks, no Flask", "q/storage/tb/3"))
     rows.append(
-        row("bare app + that raw EVALSHA in a before_request hook", "floor/in-request/decide3")
+        row(
+            "floor: bare app + one EVALSHA (GET + SET PX on 3 keys) in before_request",
+            "floor/in-request/decide3",
+        )
     )
 
     pair_rows = []
@@ -434,8 +437,9 @@ def _latency_section(r: Results) -> str:
             "round; the quartiles are those of that per-round difference (or of the value, for "
             "calls without Flask). *x floor* divides *added* by the raw EVALSHA of the same "
             "script in a tight loop (Redis rows); *FL / ours* divides Flask-Limiter's added "
-            "latency (same limits, no headers) by ours. The last row makes that same raw "
-            "EVALSHA from a bare app's `before_request` hook: the least any one-round-trip "
+            "latency (same limits, no headers) by ours. The last row is the floor: a bare app "
+            "whose `before_request` hook makes one EVALSHA of a script doing a `GET` and a "
+            "`SET PX` on each of the caller's three keys: the least any one-round-trip "
             "limiter can add, and usually well above the tight-loop number (see README).",
             _table(
                 [
