@@ -114,7 +114,7 @@ def targets(r: Results) -> list[Target]:
                 "Redis, 3 tiers: added latency <= 1.5 x one raw EVALSHA round trip",
                 f"{_us(ours_added)} us added vs {_us(raw)} us raw EVALSHA of the same script "
                 f"= {_x(ratio)} (vs `return 1`: "
-                f"{_x(_ratio(ours_added, _median(r, 'raw/evalsha-return1')))}; vs the same "
+                f"{_x(_ratio(ours_added, _median(r, 'raw/evalsha-return1')))}; vs the "
                 f"floor (bare app + one EVALSHA of GET + SET PX on 3 keys), "
                 f"{_us(_added(r, 'floor/in-request/decide3'))} us added: "
                 f"{_x(_ratio(ours_added, _added(r, 'floor/in-request/decide3')))})",
