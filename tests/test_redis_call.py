@@ -159,3 +159,28 @@ def test_the_wire_carries_what_redis_py_would_send(redis_server: RedisServer) ->
         assert ours == theirs
     finally:
         storage.close()
+
+
+def test_connections_connect_the_way_their_class_does(redis_server: RedisServer) -> None:
+    """A connection class that finds its server in ``connect()`` (as Sentinel's asks
+    the sentinels for the master) is connected through it, never straight to the
+    host and port it was made with."""
+    from tests.servers import free_port
+
+    class Discovering(redis.Connection):
+        def connect(self) -> None:
+            self.port = redis_server.port  # the address the "discovery" names
+            super().connect()
+
+    pool = redis.ConnectionPool(
+        connection_class=Discovering,
+        host="127.0.0.1",
+        port=free_port(),  # nothing there
+    )
+    client = redis.Redis(connection_pool=pool)
+    storage = RedisStorage(client)
+    try:
+        check = Check("discovered", TB, parse_rate("10/minute"), 1)
+        assert storage.decide([check]).outcomes[0].remaining == 9
+    finally:
+        storage.close()

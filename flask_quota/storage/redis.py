@@ -172,11 +172,12 @@ class _ScriptCall:
 
     The request path makes this one call, so it skips what redis-py wraps around
     every command (pool checkout with a readiness poll, retry and metrics hooks,
-    argument encoding, the ``Script`` object): about half of the call's client
-    time. What matters is kept: connections come from the client's pool factory
-    (its URL, TLS, timeouts, Sentinel master lookup), a connection that fails
-    mid-call is disconnected by redis-py and reconnects on its next use, errors
-    are redis-py's own, and a ``NOSCRIPT`` reply (Redis restarted or flushed its
+    argument encoding, the ``Script`` object): most of the call's client time.
+    What matters is kept: connections come from the client's pool factory (its
+    URL, TLS, timeouts) and connect through ``connect()`` as the pool's do (a
+    Sentinel connection asks there for the master); a call that fails half-way
+    leaves its connection disconnected, to reconnect on its next use; errors are
+    redis-py's own; and a ``NOSCRIPT`` reply (Redis restarted or flushed its
     scripts) loads the script and sends the call once more.
 
     Idle connections wait on a stack shared by every thread: ``list.pop`` and
@@ -231,6 +232,10 @@ class _ScriptCall:
         except IndexError:
             conn = self._pool.make_connection()
         try:
+            if not conn.is_connected:
+                # Through connect(): a Sentinel connection asks there for the master
+                # (send_packed_command alone would dial the address it was made with).
+                conn.connect()
             conn.send_packed_command((packed,))
             try:
                 return conn.read_response()
