@@ -9,10 +9,10 @@ from pathlib import Path
 
 import redis
 
-from . import footprint, growth, latency, report, roundtrips, throughput
-from .env import machine, redis_server
+from . import compare, footprint, growth, latency, report, roundtrips, throughput
+from .env import WORKDIR, machine, redis_server
 
-SECTIONS = ("roundtrips", "latency", "throughput", "footprint", "growth")
+SECTIONS = ("roundtrips", "latency", "throughput", "footprint", "growth", "compare")
 
 
 def _log(message: str) -> None:
@@ -28,48 +28,61 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--output",
         type=Path,
-        default=Path(__file__).with_name("results.md"),
-        help="markdown file to write (default: bench/results.md)",
+        default=None,
+        help="markdown file to write (default: bench/results.md for a full run of every "
+        "section, bench/.work/results-partial.md for --quick or --only)",
     )
     ns = parser.parse_args(argv)
     quick: bool = ns.quick
+    if ns.output is None:  # a smoke or partial run must not replace the full results
+        full = not quick and set(ns.only) == set(SECTIONS)
+        partial = WORKDIR / "results-partial.md"
+        ns.output = Path(__file__).with_name("results.md") if full else partial
+        ns.output.parent.mkdir(exist_ok=True)
     results = report.Results(machine=machine(), quick=quick, command=_command(argv))
     started = time.monotonic()
     with redis_server() as url:
         client = redis.Redis.from_url(url)
         _log(f"redis-server at {url}; sections: {' '.join(ns.only)}")
         if "roundtrips" in ns.only:
-            _log("1/5 round trips per request")
+            _log("1/6 round trips per request")
             results.roundtrips = roundtrips.measure(url, requests=10 if quick else 20)
             client.flushall()
         if "latency" in ns.only:
             rounds, batch = (10, 50) if quick else (40, 100)
-            _log(f"2/5 in-process latency ({rounds} interleaved rounds of {batch} requests)")
+            _log(f"2/6 in-process latency ({rounds} interleaved rounds of {batch} requests)")
             results.latency = latency.measure(url, rounds, batch)
             results.latency_rounds = (rounds, batch)
             client.flushall()
         if "throughput" in ns.only:
             rounds, seconds = (1, 3.0) if quick else (5, 5.0)
-            _log(f"3/5 gunicorn throughput ({rounds} rounds of {seconds:.0f} s per server)")
+            _log(f"3/6 gunicorn throughput ({rounds} rounds of {seconds:.0f} s per server)")
             results.throughput, results.load_generator = throughput.measure(url, rounds, seconds)
             results.throughput_rounds = (rounds, seconds)
             client.flushall()
         if "footprint" in ns.only:
             callers = 1000 if quick else 5000
-            _log(f"4/5 memory per key: Redis ({callers} callers per algorithm)")
+            _log(f"4/6 memory per key: Redis ({callers} callers per algorithm)")
             results.redis_footprint = footprint.redis_footprint(url, callers)
             big, small = (100_000, 30_000) if quick else (1_000_000, 100_000)
             for algorithm in latency.SHORT:
                 keys = big if algorithm == "token_bucket" else small
-                _log(f"4/5 memory per key: memory backend, {algorithm}, {keys} keys")
+                _log(f"4/6 memory per key: memory backend, {algorithm}, {keys} keys")
                 results.process_footprint.append(footprint.process_footprint(algorithm, keys))
             client.flushall()
         if "growth" in ns.only:
             populations = (1000, 10_000, 100_000) if quick else (1000, 10_000, 100_000, 1_000_000)
             rounds, batch = (8, 50) if quick else (20, 100)
-            _log(f"5/5 growth with active identities {populations}")
+            _log(f"5/6 growth with active identities {populations}")
             results.growth = growth.measure(url, populations, rounds, batch)
             results.growth_rounds = (rounds, batch)
+            client.flushall()
+        if "compare" in ns.only:
+            rounds, batch = (60, 50) if quick else (200, 100)
+            _log(f"6/6 side by side through the test client ({rounds} rounds of {batch})")
+            results.compare = compare.measure(url, rounds, batch)
+            results.compare_rounds = (rounds, batch)
+            _log(f"6/6 {compare.summary(results.compare)}")
             client.flushall()
         client.close()
     results.seconds = time.monotonic() - started

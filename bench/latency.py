@@ -23,6 +23,7 @@ from .apps import (
     limiter_app,
     quota_app,
 )
+from .compare import floor_app
 from .driver import WsgiDriver, caller_sequence
 from .timing import Case, added, median, run, spread
 
@@ -131,15 +132,10 @@ def build_cases(redis_url: str, callers: Sequence[tuple[str, str]]) -> list[Case
     cases.append(Case("raw/evalsha-decide3", _rotating(raw_calls)))
     checks = quota_checks(quota_app(redis_url), callers)
     cases.append(Case("q/storage/tb/3", _rotating([(storage.decide, (c,)) for c in checks])))
-    # The floor inside a request: a bare app whose before_request hook makes the
-    # same raw EVALSHA (what any one-round-trip limiter pays, with no logic at all).
-    checks = quota_checks(quota_app(redis_url), callers)
-    floor_calls = [
-        (client.evalsha, (decide_sha, len(k), *k, *a)) for k, a in map(script_call, checks)
-    ]
-    floor = bare_app()
-    floor.before_request(_rotating(floor_calls))
-    cases.append(_wsgi_case("floor/in-request/decide3", floor, callers))
+    # The floor inside a request: a bare app whose before_request hook makes one
+    # EVALSHA doing a GET and a SET PX on each of the caller's three keys (what any
+    # one-round-trip limiter pays, with no logic at all; see compare.FLOOR_SCRIPT).
+    cases.append(_wsgi_case("floor/in-request/decide3", floor_app(redis_url, callers), callers))
     return cases
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .apps import LIMITER_STRATEGY
+from .compare import LABELS, Comparison, main_ratios
 from .footprint import ProcessFootprint, RedisFootprint
 from .growth import GrowthRow
 from .latency import SHORT, Latency
@@ -32,6 +33,8 @@ class Results:
     process_footprint: list[ProcessFootprint] = field(default_factory=list)
     growth: list[GrowthRow] = field(default_factory=list)
     growth_rounds: tuple[int, int] = (0, 0)
+    compare: Comparison | None = None
+    compare_rounds: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -111,8 +114,8 @@ def targets(r: Results) -> list[Target]:
                 "Redis, 3 tiers: added latency <= 1.5 x one raw EVALSHA round trip",
                 f"{_us(ours_added)} us added vs {_us(raw)} us raw EVALSHA of the same script "
                 f"= {_x(ratio)} (vs `return 1`: "
-                f"{_x(_ratio(ours_added, _median(r, 'raw/evalsha-return1')))}; vs the same "
-                f"EVALSHA made from a bare app's hook, "
+                f"{_x(_ratio(ours_added, _median(r, 'raw/evalsha-return1')))}; vs the "
+                f"floor (bare app + one EVALSHA of GET + SET PX on 3 keys), "
                 f"{_us(_added(r, 'floor/in-request/decide3'))} us added: "
                 f"{_x(_ratio(ours_added, _added(r, 'floor/in-request/decide3')))})",
                 None if ratio is None else ratio <= 1.5,
@@ -222,6 +225,44 @@ def targets(r: Results) -> list[Target]:
                     None if ratio is None else ratio <= 1.25,
                 )
             )
+    out += _compare_targets(r)
+    return out
+
+
+def _compare_targets(r: Results) -> list[Target]:
+    """Issue 13's checks: from section 6 (one test-client run) and section 3."""
+    c = r.compare
+    out: list[Target] = []
+    if c is not None:
+        checks = [
+            ("6a", "test client, Redis, 3 tiers: flask-quota / floor <= 1.25 (added us)",
+             c.ratio("q/redis", "floor"), lambda x: x <= 1.25),
+            ("6b", "test client, Redis, 3 tiers: Flask-Limiter (headers on) / flask-quota >= 3.5",
+             c.ratio("fl/redis/h1", "q/redis"), lambda x: x >= 3.5),
+            ("6c", "test client, memory, 3 tiers: Flask-Limiter (no headers) / flask-quota >= 4",
+             c.ratio("fl/mem/h0", "q/mem"), lambda x: x >= 4.0),
+        ]  # fmt: skip
+        for number, text, ratio, ok in checks:
+            out.append(Target(number, text, _x(ratio), None if ratio is None else ok(ratio)))
+        mem = c.added_us.get("q/mem")
+        out.append(
+            Target(
+                "6d",
+                "test client, memory, 3 tiers: flask-quota adds <= 30 us per request",
+                f"{_us(mem)} us",
+                None if mem is None else mem <= 30.0,
+            )
+        )
+    if r.throughput:
+        to_bare = r.throughput["flask-quota"].ratio(r.throughput["bare"])
+        out.append(
+            Target(
+                "6e",
+                "gunicorn, Redis, 3 tiers: throughput >= 0.7 x bare app",
+                _x(to_bare),
+                to_bare >= 0.7,
+            )
+        )
     return out
 
 
@@ -372,10 +413,13 @@ def _latency_section(r: Results) -> str:
     rows.append(
         row("raw EVALSHA `return 1` (redis-py, our client settings)", "raw/evalsha-return1")
     )
-    rows.append(row("raw EVALSHA of flask-quota's script, 3 keys (the floor)", RAW))
+    rows.append(row("raw EVALSHA of flask-quota's script, 3 keys, tight loop (x floor)", RAW))
     rows.append(row("flask-quota `RedisStorage.decide`, 3 checks, no Flask", "q/storage/tb/3"))
     rows.append(
-        row("bare app + that raw EVALSHA in a before_request hook", "floor/in-request/decide3")
+        row(
+            "floor: bare app + one EVALSHA (GET + SET PX on 3 keys) in before_request",
+            "floor/in-request/decide3",
+        )
     )
 
     pair_rows = []
@@ -393,8 +437,9 @@ def _latency_section(r: Results) -> str:
             "round; the quartiles are those of that per-round difference (or of the value, for "
             "calls without Flask). *x floor* divides *added* by the raw EVALSHA of the same "
             "script in a tight loop (Redis rows); *FL / ours* divides Flask-Limiter's added "
-            "latency (same limits, no headers) by ours. The last row makes that same raw "
-            "EVALSHA from a bare app's `before_request` hook: the least any one-round-trip "
+            "latency (same limits, no headers) by ours. The last row is the floor: a bare app "
+            "whose `before_request` hook makes one EVALSHA of a script doing a `GET` and a "
+            "`SET PX` on each of the caller's three keys: the least any one-round-trip "
             "limiter can add, and usually well above the tight-loop number (see README).",
             _table(
                 [
@@ -609,6 +654,41 @@ def _growth_section(r: Results) -> str:
     return "\n\n".join(parts)
 
 
+def _compare_section(r: Results) -> str:
+    c = r.compare
+    assert c is not None
+    rows = [
+        [
+            label,
+            _us(c.median_us.get(key)),
+            _us(c.added_us.get(key)),
+            f"{c.quartiles[key][0]:.1f} .. {c.quartiles[key][1]:.1f}",
+        ]
+        for key, label in LABELS.items()
+        if key in c.median_us
+    ]
+    ratios = [[what, _x(ratio), goal] for what, ratio, goal in main_ratios(c)]
+    if r.throughput:
+        to_bare = r.throughput["flask-quota"].ratio(r.throughput["bare"])
+        ratios.append(["gunicorn throughput, Redis: flask-quota / bare (section 3)", _x(to_bare),
+                       ">= 0.7"])  # fmt: skip
+    rounds, batch = r.compare_rounds
+    return "\n\n".join(
+        [
+            "## 6. Side by side through the Flask test client (issue 13)",
+            f"Every request is `app.test_client().get('/res')`; {rounds} interleaved rounds of "
+            f"{batch} requests of every case; three tiers/limits at `1000000/hour`, 1,000 "
+            "rotating callers, one redis-server. *added* is the median over rounds of "
+            "(case - bare app) in the same round, with its quartiles. The floor makes one "
+            "`EVALSHA` of a script doing a `GET` and a `SET PX` on each of the caller's three "
+            "keys, with flask-quota's client settings, from a bare app's `before_request`.",
+            _table(["case", "per request (us)", "added (us)", "quartiles of added (us)"], rows),
+            "Ratios of *added* latency, all from this one run:",
+            _table(["ratio", "measured", "goal"], ratios),
+        ]
+    )
+
+
 def render(r: Results) -> str:
     m = r.machine
     target_rows = [
@@ -635,6 +715,8 @@ def render(r: Results) -> str:
         parts.append(_footprint_section(r))
     if r.latency or r.growth:
         parts.append(_growth_section(r))
+    if r.compare is not None:
+        parts.append(_compare_section(r))
     parts.append(
         "Notes: the machine is shared and noisy, so absolute numbers move between runs; "
         "the ratios, taken within one run and (for latency) within one round, are what to "

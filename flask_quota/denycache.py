@@ -72,12 +72,13 @@ class DenyCache:
     def decide(self, checks: Sequence[Check]) -> Verdict:
         """Answer a cached denial here; otherwise ask the storage and remember its denials."""
         now = self._clock()
-        cached = self._cached(checks, now)
-        if cached is not None:
-            self.hits += 1
-            if self.on_hit is not None:
-                self.on_hit()
-            return cached
+        if self._denials:  # nothing cached (the usual case): straight to the storage
+            cached = self._cached(checks, now)
+            if cached is not None:
+                self.hits += 1
+                if self.on_hit is not None:
+                    self.on_hit()
+                return cached
         verdict = self.storage.decide(checks)
         if not verdict.allowed:
             self._remember(checks, verdict, now)

@@ -82,7 +82,13 @@ class KeyBuilder:
 
     def endpoint_key(self, tag: str, method: str, resource: str, algorithm: Algorithm) -> str:
         """The endpoint tier's key: caller, method and resource."""
-        return f"{self.prefix}:{{{tag}}}:e:{escape(method)}:{escape(resource)}:{algorithm.code}"
+        return f"{self.prefix}:{{{tag}}}:e:{_route_part(method, resource)}:{algorithm.code}"
+
+
+@lru_cache(maxsize=1024)
+def _route_part(method: str, resource: str) -> str:
+    """``METHOD:resource`` escaped: a route's methods and resource are a small fixed set."""
+    return f"{escape(method)}:{escape(resource)}"
 
 
 @lru_cache(maxsize=8192)

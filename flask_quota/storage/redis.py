@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from importlib import resources
@@ -102,6 +103,7 @@ class RedisStorage:
         self._script = client.register_script(SCRIPT)
         self._refund = client.register_script(REFUND_SCRIPT)
         self._charge = client.register_script(CHARGE_SCRIPT)
+        self._decide = _ScriptCall(client.connection_pool, self._script.sha, SCRIPT)
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float, clock: Clock | None = None) -> RedisStorage:
@@ -161,17 +163,117 @@ class RedisStorage:
 
     def close(self) -> None:
         """Release the backend's connections (or, in memory, its state)."""
+        self._decide.close()
         self.client.close()
 
     @wraps_errors(*REDIS_ERRORS)
     def _call(self, mode: str, checks: Sequence[Check]) -> Verdict:
-        args = decide_args(checks, mode, "" if self._clock is None else self._clock())
-        reply = self._script(keys=[c.key for c in checks], args=args)
+        now = b"" if self._clock is None else b"%d" % self._clock()
+        reply = self._decide(self._decide.pack(mode, now, checks))
         return parse_reply(reply, checks)
 
     def usage_sink(self, prefix: str) -> UsageSink:
         """Dashboard usage in this Redis, shared by every worker (Sentinel inherits it)."""
         return RedisUsageSink(lambda: self.client, prefix, clock=self._clock)
+
+
+def _bulk(value: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%b\r\n" % (len(value), value)
+
+
+class _ScriptCall:
+    """The decide script's EVALSHA, packed by hand and sent on a connection of our own.
+
+    The request path makes this one call, so it skips what redis-py wraps around
+    every command (pool checkout with a readiness poll, retry and metrics hooks,
+    argument encoding, the ``Script`` object): most of the call's client time.
+    What matters is kept: connections come from the client's pool factory (its
+    URL, TLS, timeouts) and connect through ``connect()`` as the pool's do (a
+    Sentinel connection asks there for the master); a call that fails half-way
+    leaves its connection disconnected, to reconnect on its next use; errors are
+    redis-py's own; and a ``NOSCRIPT`` reply (Redis restarted or flushed its
+    scripts) loads the script and sends the call once more.
+
+    Idle connections wait on a stack shared by every thread: ``list.pop`` and
+    ``list.append`` are atomic, so no lock; a server that starts a thread per
+    request reuses them rather than opening one per thread. A forked child
+    starts with an empty stack: its parent's sockets are not its own.
+    """
+
+    def __init__(self, pool: redis.ConnectionPool, sha: str, script: str) -> None:
+        self._pool = pool
+        self._script = script
+        self._idle: list[Any] = []
+        self._pid = os.getpid()
+        self._head = b"%b%b" % (_bulk(b"EVALSHA"), _bulk(sha.encode()))
+        self._modes = {mode: _bulk(mode.encode()) for mode in ("decide", "peek")}
+        # (id(rate), id(algorithm), cost, shadow) -> (rate, algorithm, the check's five
+        # encoded arguments). Ids, because hashing a Rate or an enum runs Python code; the
+        # entry holds the rate and algorithm, so their ids cannot be reused while it lives.
+        self._args: dict[tuple[int, int, int, bool], tuple[Any, Any, bytes]] = {}
+
+    def pack(self, mode: str, now: bytes, checks: Sequence[Check]) -> bytes:
+        """``EVALSHA sha n key... mode now (code limit window_us capacity cost)...`` in RESP."""
+        n = len(checks)
+        count = b"%d" % n
+        parts = [b"*%d\r\n" % (5 + 6 * n), self._head, _bulk(count)]
+        for check in checks:
+            parts.append(_bulk(check.key.encode()))
+        parts.append(self._modes[mode])
+        parts.append(_bulk(now))
+        cache = self._args
+        for check in checks:
+            found = cache.get((id(check.rate), id(check.algorithm), check.cost, check.shadow))
+            parts.append(self._encode(check) if found is None else found[2])
+        return b"".join(parts)
+
+    def _encode(self, check: Check) -> bytes:
+        rate, algorithm = check.rate, check.algorithm
+        code = SHADOW_MARK + algorithm.code if check.shadow else algorithm.code
+        values = (code, rate.limit, rate.window_us, rate.capacity, check.cost)
+        encoded = b"".join(_bulk(str(v).encode()) for v in values)
+        if len(self._args) >= 4096:  # costs from a callable can be many: stay bounded
+            self._args.clear()
+        key = (id(rate), id(algorithm), check.cost, check.shadow)
+        self._args[key] = (rate, algorithm, encoded)
+        return encoded
+
+    def __call__(self, packed: bytes) -> Any:
+        """Send one packed call and return its reply; redis-py's errors propagate."""
+        if self._pid != os.getpid():
+            self._idle, self._pid = [], os.getpid()
+        idle = self._idle
+        try:
+            conn = idle.pop()
+        except IndexError:
+            conn = self._pool.make_connection()
+        try:
+            if not conn.is_connected:
+                # Through connect(): a Sentinel connection asks there for the master
+                # (send_packed_command alone would dial the address it was made with).
+                conn.connect()
+            conn.send_packed_command((packed,))
+            try:
+                return conn.read_response()
+            except redis.exceptions.NoScriptError:
+                conn.send_command("SCRIPT", "LOAD", self._script)
+                conn.read_response()
+                conn.send_packed_command((packed,))
+                return conn.read_response()
+        except redis.ResponseError:
+            raise  # the whole reply was read: the connection is clean
+        except BaseException:
+            conn.disconnect()  # redis-py does on socket errors; anything else half-way too
+            raise
+        finally:
+            idle.append(conn)
+
+    def close(self) -> None:
+        """Disconnect the idle connections (one in use is closed by its next failure or GC)."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.disconnect()
 
 
 def read_blocks(client: Any, keys: list[Any]) -> list[BlockEntry]:

@@ -1,0 +1,154 @@
+"""Where a request's time goes: ``python -m bench.profile``.
+
+Each case is one app of ``compare``/``apps`` (three tiers, token bucket, callers
+rotating over 1,000 identities) called straight through ``app.wsgi_app``:
+
+* ``--cprofile``: cProfile over N requests; prints, per function, the time spent
+  in it per request (tottime) and below it (cumtime), in microseconds. cProfile
+  inflates small calls, so read it for *where*, and the instruction counts for
+  *how much*.
+* default: instructions per request, counted by callgrind (valgrind must be
+  installed). The case re-runs itself under ``valgrind --tool=callgrind`` with
+  collection switched on only inside the timed loop (the loop runs under
+  ``functools.reduce``, which nothing else in a request calls), so imports, app
+  set-up and warm-up are not counted. Instruction counts do not move with the
+  machine's load: use them to compare two versions of the code.
+
+Cases: bare, hook (empty before_request), floor (one EVALSHA of
+``compare.FLOOR_SCRIPT``), mem (flask-quota on memory://), redis (flask-quota on
+Redis). Redis cases start their own redis-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import functools
+import os
+import pstats
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+
+from flask import Flask
+
+from .apps import bare_app, quota_app
+from .compare import floor_app, hook_app
+from .driver import WsgiDriver, caller_sequence
+from .env import redis_server
+
+CASES = ("bare", "hook", "floor", "mem", "redis")
+MARK = "functools_reduce"  # the C function callgrind collects inside
+
+
+def make_app(case: str, url: str, callers: list[tuple[str, str]]) -> Flask:
+    if case == "bare":
+        return bare_app()
+    if case == "hook":
+        return hook_app()
+    if case == "floor":
+        return floor_app(url, callers)
+    if case == "mem":
+        return quota_app("memory://")
+    if case == "redis":
+        return quota_app(url)
+    raise ValueError(f"unknown case {case!r}; use one of {', '.join(CASES)}")
+
+
+@contextmanager
+def _server(case: str, url: str | None) -> Iterator[str]:
+    if url is not None or case not in ("floor", "redis"):
+        yield url or ""
+    else:
+        with redis_server() as started:
+            yield started
+
+
+def driver_for(case: str, url: str) -> WsgiDriver:
+    callers = caller_sequence(1000, 1000)
+    driver = WsgiDriver(make_app(case, url, callers), callers)
+    for _ in range(1000):  # warm: every caller's state exists, caches are filled
+        driver()
+    driver.expect("200")
+    return driver
+
+
+def loop(driver: Callable[[], None], n: int) -> None:
+    """Call ``driver`` ``n`` times inside ``functools.reduce`` (callgrind's marker)."""
+    functools.reduce(lambda _, __: driver(), range(n), None)
+
+
+def run_cprofile(case: str, url: str, n: int, top: int) -> None:
+    driver = driver_for(case, url)
+    profile = cProfile.Profile()
+    profile.enable()
+    loop(driver, n)
+    profile.disable()
+    driver.expect("200")
+    stats = pstats.Stats(profile)
+    rows = []
+    for (file, line, name), (_cc, calls, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        where = f"{os.path.basename(file)}:{line}({name})" if line else name
+        rows.append((tt / n * 1e6, ct / n * 1e6, calls / n, where))
+    total = sum(r[0] for r in rows)
+    print(f"{case}: {n} requests under cProfile, {total:.1f} us per request (profiled)")
+    print(f"{'tottime us/req':>14} {'cumtime us/req':>14} {'calls/req':>9}  function")
+    for tt, ct, calls, where in sorted(rows, reverse=True)[:top]:
+        print(f"{tt:14.2f} {ct:14.2f} {calls:9.2f}  {where}")
+
+
+def run_count(case: str, url: str, n: int) -> None:
+    """The body run under callgrind: warm up, then ``n`` requests inside the marker."""
+    driver = driver_for(case, url)
+    loop(driver, n)
+    driver.expect("200")
+
+
+def callgrind(case: str, url: str, n: int) -> float:
+    """Instructions per request of ``case`` (client side: Redis runs in its own process)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "callgrind.out")
+        command = [
+            "valgrind", "--tool=callgrind", "--collect-atstart=no",
+            f"--toggle-collect={MARK}", f"--callgrind-out-file={out}",
+            sys.executable, "-m", "bench.profile", "--count", str(n), "--url", url, case,
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"callgrind failed:\n{done.stderr[-3000:]}")
+        with open(out) as f:
+            text = f.read()
+    found = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
+    if found is None:
+        raise RuntimeError("no instruction total in the callgrind output")
+    return int(found.group(1)) / n
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
+    parser.add_argument("cases", nargs="*", default=list(CASES), choices=CASES)
+    parser.add_argument("-n", type=int, default=2000, help="requests measured per case")
+    parser.add_argument("--cprofile", action="store_true", help="cProfile instead of callgrind")
+    parser.add_argument("--top", type=int, default=30, help="functions shown by --cprofile")
+    parser.add_argument("--url", help="an existing redis:// URL (default: start one)")
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)  # the callgrind child
+    ns = parser.parse_args(argv)
+    if ns.count is not None:
+        run_count(ns.cases[0], ns.url, ns.count)
+        return 0
+    needs_redis = any(c in ("floor", "redis") for c in ns.cases)
+    with _server("redis", ns.url) if needs_redis else nullcontext("") as url:
+        for case in ns.cases:
+            if ns.cprofile:
+                run_cprofile(case, url, ns.n, ns.top)
+            else:
+                print(f"{case}: {callgrind(case, url, ns.n):,.0f} instructions per request")
+            sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The Redis backend's own decide call: clean connections after failures, shared by threads."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import redis
+
+from flask_quota.algorithms import Algorithm
+from flask_quota.rates import parse_rate
+from flask_quota.storage import Check, StorageError
+from flask_quota.storage.redis import RedisStorage, decide_args
+from tests.servers import RedisServer
+
+TB = Algorithm.TOKEN_BUCKET
+
+
+def _clients(server: RedisServer) -> int:
+    """Connected clients other than the one asking."""
+    client = server.client()
+    try:
+        return len(client.client_list()) - 1
+    finally:
+        client.close()
+
+
+def test_a_timed_out_call_leaves_no_reply_behind(own_redis: RedisServer) -> None:
+    """A call that times out raises StorageError; the late reply to it is never read
+    as the answer to the next call, which gets its own."""
+    storage = RedisStorage.from_url(own_redis.url, timeout=0.3)
+    try:
+        first = Check("a", TB, parse_rate("10/minute"), 1)
+        other = Check("b", TB, parse_rate("5/minute"), 1)
+        assert storage.decide([first]).outcomes[0].remaining == 9  # connected
+        own_redis.pause(1000)
+        with pytest.raises(StorageError):
+            storage.decide([first])  # Redis runs it after the pause and answers late
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                outcome = storage.decide([other]).outcomes[0]
+                break
+            except StorageError:
+                assert time.monotonic() < deadline, "Redis never answered again"
+                time.sleep(0.05)
+        assert (outcome.limit, outcome.remaining) == (5, 4)  # b's answer, not a's late one
+    finally:
+        storage.close()
+
+
+def test_peek_after_an_error_reply_is_answered_on_the_same_connection(
+    own_redis: RedisServer,
+) -> None:
+    """An error reply (here: a wrong-type key) raises StorageError and keeps the
+    connection: the next call is answered, on no new connection."""
+    storage = RedisStorage.from_url(own_redis.url, timeout=2.0)
+    try:
+        check = Check("k", TB, parse_rate("10/minute"), 1)
+        storage.decide([check])
+        connected = _clients(own_redis)
+        own_redis.client().lpush("list", "x")
+        with pytest.raises(StorageError):
+            storage.decide([Check("list", TB, parse_rate("10/minute"), 1)])
+        assert storage.peek([check]).outcomes[0].remaining == 8  # what one more would leave
+        assert _clients(own_redis) == connected
+    finally:
+        storage.close()
+
+
+def test_threads_share_connections_and_count_exactly(redis_server: RedisServer) -> None:
+    """Concurrent threads are all counted, each exactly once; a thread per request
+    (as a threaded development server runs) reuses connections instead of
+    opening one per thread."""
+    client = redis_server.client()
+    client.flushall()
+    storage = RedisStorage.from_url(redis_server.url, timeout=5.0)
+    try:
+        check = Check("shared", Algorithm.FIXED_WINDOW, parse_rate("100000/hour"), 1)
+
+        def work() -> None:
+            for _ in range(50):
+                storage.decide([check])
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert storage.peek([check]).outcomes[0].remaining == 100000 - 8 * 50 - 1  # peek: one more
+        before = _clients(redis_server)
+        for _ in range(30):  # one short-lived thread per request
+            t = threading.Thread(target=storage.decide, args=([check],))
+            t.start()
+            t.join()
+        assert _clients(redis_server) == before
+        assert storage.peek([check]).outcomes[0].remaining == 100000 - 8 * 50 - 30 - 1
+    finally:
+        storage.close()
+        client.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_opens_its_own_connection(redis_server: RedisServer) -> None:
+    """A worker forked after the parent used Redis (gunicorn --preload) does not
+    share the parent's socket: both keep getting their own answers."""
+    client = redis_server.client()
+    client.flushall()
+    storage = RedisStorage.from_url(redis_server.url, timeout=5.0)
+    try:
+        parent = Check("parent", TB, parse_rate("100/minute"), 1)
+        child = Check("child", TB, parse_rate("50/minute"), 1)
+        storage.decide([parent])
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 only if every answer is its own
+            ok = all(storage.decide([child]).outcomes[0].remaining == 49 - i for i in range(20))
+            os._exit(0 if ok else 1)
+        answers = [storage.decide([parent]).outcomes[0].remaining for _ in range(20)]
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert answers == [98 - i for i in range(20)]
+    finally:
+        storage.close()
+        client.close()
+
+
+def test_close_disconnects_idle_connections(redis_server: RedisServer) -> None:
+    """close() releases the connections the decide call holds."""
+    storage = RedisStorage.from_url(redis_server.url, timeout=5.0)
+    before = _clients(redis_server)
+    storage.decide([Check("c", TB, parse_rate("10/minute"), 1)])
+    assert _clients(redis_server) == before + 1
+    storage.close()
+    deadline = time.monotonic() + 5
+    while _clients(redis_server) != before:
+        assert time.monotonic() < deadline, "the connection stayed open"
+        time.sleep(0.02)
+
+
+def test_the_wire_carries_what_redis_py_would_send(redis_server: RedisServer) -> None:
+    """The hand-packed EVALSHA is byte for byte redis-py's packing of the same call."""
+    storage = RedisStorage(redis.Redis(port=redis_server.port))
+    try:
+        checks = [
+            Check("quota:{id=é}:u:tb", TB, parse_rate("10/second; burst=50"), 3),
+            Check("quota:{ip=1.2.3.4}:g:fw", Algorithm.FIXED_WINDOW, parse_rate("7/day"), 1),
+            Check("quota:{id=é}:e:GET:x:tb", TB, parse_rate("2/minute"), 1, shadow=True),
+        ]
+        ours = storage._decide.pack("peek", b"123", checks)
+        args = decide_args(checks, "peek", 123)  # the reference encoding, shadow mark included
+        conn = redis.Connection()
+        theirs = b"".join(
+            conn.pack_command("EVALSHA", storage._script.sha, len(checks), *[c.key for c in checks], *args)
+        )
+        assert ours == theirs
+    finally:
+        storage.close()
+
+
+def test_connections_connect_the_way_their_class_does(redis_server: RedisServer) -> None:
+    """A connection class that finds its server in ``connect()`` (as Sentinel's asks
+    the sentinels for the master) is connected through it, never straight to the
+    host and port it was made with."""
+    from tests.servers import free_port
+
+    class Discovering(redis.Connection):
+        def connect(self) -> None:
+            self.port = redis_server.port  # the address the "discovery" names
+            super().connect()
+
+    pool = redis.ConnectionPool(
+        connection_class=Discovering,
+        host="127.0.0.1",
+        port=free_port(),  # nothing there
+    )
+    client = redis.Redis(connection_pool=pool)
+    storage = RedisStorage(client)
+    try:
+        check = Check("discovered", TB, parse_rate("10/minute"), 1)
+        assert storage.decide([check]).outcomes[0].remaining == 9
+    finally:
+        storage.close()
