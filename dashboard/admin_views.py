@@ -41,7 +41,7 @@ from flask_quota.algorithms import Algorithm
 from flask_quota.sql_store import TablesMissing
 from flask_quota.state import get_state
 
-__all__ = ["ADMIN_ROUTES", "admin", "client_id_of"]
+__all__ = ["ADMIN_ROUTES", "admin", "client_id_of", "database_errors"]
 
 log = logging.getLogger("flask_quota")
 
@@ -49,7 +49,7 @@ FIELD_MAX = 200
 RETRY_AFTER = 5  # seconds, for a database that did not answer
 
 
-def _database_errors(view: Callable[..., Any]) -> Callable[..., Any]:
+def database_errors(view: Callable[..., Any]) -> Callable[..., Any]:
     """A database failure answers a page that says so (503, or 409 for a collision),
     never a 500: every change is one transaction, so nothing was saved."""
 
@@ -308,5 +308,5 @@ _VIEWS: list[tuple[str, Callable[..., Any], list[str]]] = [
     ("/audit", audit_page, ["GET"]),
 ]
 ADMIN_ROUTES: list[tuple[str, Any, list[str]]] = [
-    (rule, _database_errors(view), methods) for rule, view, methods in _VIEWS
+    (rule, database_errors(view), methods) for rule, view, methods in _VIEWS
 ]

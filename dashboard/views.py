@@ -31,7 +31,7 @@ from flask_quota.state import QuotaState, exempt, get_state
 from flask_quota.storage import StorageError
 
 from . import chart, data
-from .admin_views import ADMIN_ROUTES, admin, client_id_of
+from .admin_views import ADMIN_ROUTES, admin, client_id_of, database_errors
 from .auth import Authenticator, auth_from_config
 
 __all__ = ["BLUEPRINT_NAME", "make_blueprint"]
@@ -116,8 +116,11 @@ def make_blueprint() -> Blueprint:
         # Called by base.html, so every page shows an outage; lazy, as only our pages need it.
         return {"quota_storage": lambda: _reads().health(), "kind_labels": data.KIND_LABELS}
 
-    # The dashboard is never limited by the app's own quotas (logins are, see auth.py).
-    for rule, view, methods in ROUTES + ADMIN_ROUTES:
+    # The dashboard is never limited by the app's own quotas (logins are, see auth.py),
+    # and a database that cannot answer gives a page that says so, never a 500.
+    for rule, view, methods in ROUTES:
+        bp.add_url_rule(rule, view_func=exempt(database_errors(view)), methods=methods)
+    for rule, view, methods in ADMIN_ROUTES:
         bp.add_url_rule(rule, view_func=exempt(view), methods=methods)
     return bp
 

@@ -264,3 +264,26 @@ def test_concurrent_plan_edits_on_the_dashboard_answer_no_500(
     assert response.status_code == 302
     page = http.get("/quota/plans", headers=OPS).get_data(as_text=True)
     assert "9/hour" in page and "4/hour" not in page
+
+
+def test_a_database_error_on_an_identity_page_answers_503(ops_app: Flask, tmp_path: Path) -> None:
+    """A client's identity page reads its client row: a database that cannot answer gives
+    503 with a message, not 500; so does an identity reset, whose audit entry comes first."""
+    http = ops_app.test_client()
+    token = csrf_from(http, "/quota/plans")
+    with ops_app.app_context():
+        from flask_quota.admin import QuotaAdmin
+
+        client, _ = QuotaAdmin(ops_app.extensions["quota"].sql, actor="t").create_client(
+            "acme", "free"
+        )
+    tag = f"id={client.id}"
+    ops_app.extensions["quota"].sql.wait_loaded(5)
+    execute(default_url(tmp_path), "DROP TABLE quota_clients")
+    execute(default_url(tmp_path), "DROP TABLE quota_audit_log")
+    page = http.get(f"/quota/identity/{tag}", headers=OPS)
+    assert page.status_code in (200, 503)  # 200 when the snapshot says it's no client
+    assert page.status_code != 500
+    reset = http.post(f"/quota/identity/{tag}/reset", headers=OPS, data={"csrf_token": token})
+    assert reset.status_code == 503
+    assert "quota database" in reset.get_data(as_text=True).lower()

@@ -361,3 +361,30 @@ def test_redis_usage_keys_are_bounded_for_50k_callers(redis_client: redis.Redis)
         size = redis_client.hlen(key) if kind == b"hash" else redis_client.zcard(key)
         assert size <= TOP_KEPT
         assert 0 < redis_client.ttl(key) <= (HOUR + 1) * 60
+
+
+@pytest.mark.slow
+def test_200k_unique_ips_through_the_app_give_their_memory_back(tmp_path: Path) -> None:
+    """200k unique IPs through the test client (dashboard on, memory storage), in a
+    process of its own: once the flood has aged out, its resident memory is within 20%
+    of what it was before the flood."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.apps.flood", "200000"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout)
+    before, during, after = seen["before"], seen["during"], seen["after"]
+    assert after <= 1.2 * before, (
+        f"{after / MB:.0f} MB resident after the flood aged out, {before / MB:.0f} MB before "
+        f"({during / MB:.0f} MB at its end)"
+    )
