@@ -70,13 +70,13 @@ def test_peek_after_an_error_reply_is_answered_on_the_same_connection(
         storage.close()
 
 
-def test_threads_share_connections_and_count_exactly(redis_server: RedisServer) -> None:
+def test_threads_share_connections_and_count_exactly(own_redis: RedisServer) -> None:
     """Concurrent threads are all counted, each exactly once; a thread per request
     (as a threaded development server runs) reuses connections instead of
     opening one per thread."""
-    client = redis_server.client()
+    client = own_redis.client()
     client.flushall()
-    storage = RedisStorage.from_url(redis_server.url, timeout=5.0)
+    storage = RedisStorage.from_url(own_redis.url, timeout=5.0)
     try:
         check = Check("shared", Algorithm.FIXED_WINDOW, parse_rate("100000/hour"), 1)
 
@@ -90,12 +90,12 @@ def test_threads_share_connections_and_count_exactly(redis_server: RedisServer) 
         for t in threads:
             t.join()
         assert storage.peek([check]).outcomes[0].remaining == 100000 - 8 * 50 - 1  # peek: one more
-        before = _clients(redis_server)
+        before = _clients(own_redis)
         for _ in range(30):  # one short-lived thread per request
             t = threading.Thread(target=storage.decide, args=([check],))
             t.start()
             t.join()
-        assert _clients(redis_server) == before
+        assert _clients(own_redis) == before
         assert storage.peek([check]).outcomes[0].remaining == 100000 - 8 * 50 - 30 - 1
     finally:
         storage.close()
@@ -126,15 +126,15 @@ def test_a_forked_child_opens_its_own_connection(redis_server: RedisServer) -> N
         client.close()
 
 
-def test_close_disconnects_idle_connections(redis_server: RedisServer) -> None:
+def test_close_disconnects_idle_connections(own_redis: RedisServer) -> None:
     """close() releases the connections the decide call holds."""
-    storage = RedisStorage.from_url(redis_server.url, timeout=5.0)
-    before = _clients(redis_server)
+    storage = RedisStorage.from_url(own_redis.url, timeout=5.0)
+    before = _clients(own_redis)
     storage.decide([Check("c", TB, parse_rate("10/minute"), 1)])
-    assert _clients(redis_server) == before + 1
+    assert _clients(own_redis) == before + 1
     storage.close()
     deadline = time.monotonic() + 5
-    while _clients(redis_server) != before:
+    while _clients(own_redis) != before:
         assert time.monotonic() < deadline, "the connection stayed open"
         time.sleep(0.02)
 
