@@ -346,6 +346,7 @@ class QuotaAdmin:
             return self._change(apply, "the plans")
         except _Unchanged:
             return []  # rolled back: no version bump for a table that already matched
+
     def delete_plan_limit(self, plan: str, tier: str, resource: str | None = None) -> PlanInfo:
         """Remove one rate of a plan: that tier (or resource) then no longer applies to it."""
         self.check_plans_writable()
@@ -616,6 +617,8 @@ def _algorithm(value: str | None) -> str | None:
 
 class _Unchanged(Exception):
     """Raised inside a change to roll it back: there was nothing to do."""
+
+
 _DESCRIPTION_MAX = 500
 
 

@@ -11,9 +11,8 @@ state stays meaningful (its TTL).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from .rates import Rate
 
@@ -65,9 +64,12 @@ class Gate(StrEnum):
         return "blk"
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What one tier decided. Times are absolute microseconds."""
+class Outcome(NamedTuple):
+    """What one tier decided. Times are absolute microseconds.
+
+    A named tuple, not a dataclass: three are made per request, and a tuple is
+    built in C (a frozen dataclass sets each field through Python code).
+    """
 
     allowed: bool
     limit: int
@@ -76,8 +78,7 @@ class Outcome:
     retry_after_us: int  # 0 when allowed; otherwise the wait until this cost would pass
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(NamedTuple):
     outcome: Outcome
     state: Any  # the new state, to be stored only if every tier allows
     ttl_us: int  # how long ``state`` matters; 0 means "nothing to store"

@@ -23,16 +23,16 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from .admin import QuotaAdmin
-from .algorithms import Gate, Outcome
+from .algorithms import Outcome
 from .clock import US, ceil_seconds
 from .denycache import DenyCache
 from .failover import GuardedStorage
 from .inspection import Caller
 from .keys import KeyBuilder
-from .rates import Rate
+from .policy import gate_check
 from .settings import Settings
 from .state import QuotaState
-from .storage import Check, Storage, Verdict
+from .storage import Check, Storage
 
 __all__ = [
     "Block",
@@ -40,13 +40,10 @@ __all__ = [
     "escalate",
     "gate_check",
     "list_blocks",
-    "split",
     "tags_of",
     "unblock",
 ]
 
-# A gate has no rate, but a Check carries one; this constant one also keys the deny cache.
-_GATE_RATE = Rate(1, 1)
 _REASON_MAX = 200
 
 
@@ -60,17 +57,6 @@ class Block:
     remaining: int  # whole seconds left
     reason: str
     by: str  # "auto" (QUOTA_BLOCK_AFTER) or who blocked by hand
-
-
-def gate_check(keys: KeyBuilder, tag: str) -> Check:
-    """The check that denies while the caller ``tag`` is blocked; it charges nothing."""
-    return Check(keys.block_key(tag), Gate.BLOCK, _GATE_RATE, 0)
-
-
-def split(verdict: Verdict, gates: int) -> tuple[Outcome | None, Verdict]:
-    """(the denying gate's outcome or None, the verdict of the tiers alone)."""
-    denied = next((o for o in verdict.outcomes[:gates] if not o.allowed), None)
-    return denied, Verdict(verdict.now_us, verdict.outcomes[gates:], verdict.shadow[gates:])
 
 
 def escalate(

@@ -20,7 +20,15 @@ from .algorithms import Algorithm, Outcome
 from .clock import US
 from .rates import Rate
 from .storage import Check, Storage, Verdict
-from .storage.base import BlockEntry, shadow_flags
+from .storage.base import (
+    BlockEntry,
+    Reply,
+    flat_decider,
+    flat_reply,
+    keyed,
+    shadow_flags,
+    verdict_of,
+)
 from .usage import UsageSink, usage_sink
 
 __all__ = ["DenyCache"]
@@ -62,6 +70,7 @@ class DenyCache:
     ) -> None:
         self.storage = storage
         self.name = storage.name
+        self._decide_flat = flat_decider(storage)
         self._clock = clock
         self._max_keys = max_keys
         self._lock = threading.Lock()
@@ -71,18 +80,23 @@ class DenyCache:
 
     def decide(self, checks: Sequence[Check]) -> Verdict:
         """Answer a cached denial here; otherwise ask the storage and remember its denials."""
+        return verdict_of(checks, self.decide_flat(checks, [c.key for c in checks]))
+
+    def decide_flat(self, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
+        """``decide`` on ``keys``, as a flat ``Reply``; objects are made only for denials."""
         now = self._clock()
         if self._denials:  # nothing cached (the usual case): straight to the storage
-            cached = self._cached(checks, now)
+            cached = self._cached(keyed(checks, keys), now)
             if cached is not None:
                 self.hits += 1
                 if self.on_hit is not None:
                     self.on_hit()
-                return cached
-        verdict = self.storage.decide(checks)
-        if not verdict.allowed:
-            self._remember(checks, verdict, now)
-        return verdict
+                return flat_reply(cached)
+        reply = self._decide_flat(checks, keys)
+        if not reply[1]:
+            real = keyed(checks, keys)
+            self._remember(real, verdict_of(real, reply), now)
+        return reply
 
     def peek(self, checks: Sequence[Check]) -> Verdict:
         """The storage's answer, charging nothing (denials are not cached for peeks)."""

@@ -19,15 +19,17 @@ from .breaker import CircuitBreaker
 from .denycache import DenyCache
 from .errors import CallerBlocked, InvalidApiKey, QuotaExceeded, retry_after_seconds
 from .failover import GuardedStorage
-from .headers import apply_headers, rate_limit_headers
+from .headers import apply_headers, rate_limit_headers, reply_headers
 from .identity import Identity, plausible_api_key
 from .keys import KeyBuilder, remote_ip_tag
-from .policy import Decision, LimitSpec, Policy, TierCheck
+from .policy import Decision, LimitSpec, Policy
 from .rates import Rate, Rates, parse_rates
+from .route import Route
 from .settings import DEFAULTS, Settings, reference
 from .sql_store import KeysUnavailable, SqlStore
 from .state import LIMIT_ATTR, QuotaState, exempt, get_state, limit_of
 from .storage import Storage, storage_from_url
+from .storage.base import Reply, flat_reply
 from .tiers import Tier
 from .usage import UsageRecorder, usage_sink
 
@@ -41,6 +43,11 @@ __all__ = ["Quota"]
 log = logging.getLogger("flask_quota")
 
 V = TypeVar("V", bound=Callable[..., Any] | Blueprint)
+
+# What a decided request leaves in ``g._quota`` for the after-request hook: its route,
+# the storage's reply, its keys, the caller's tag and its limit. The ``Decision`` is
+# made from them only when something needs it.
+_Decided = tuple[Route, Reply, list[str], str, "LimitSpec | None"]
 
 
 def _gunicorn_workers() -> int | None:
@@ -309,8 +316,8 @@ class Quota:
 
     def current_decision(self) -> Decision | None:
         """The decision made for the current request, if any tier applied."""
-        decision: Decision | None = g.get("_quota")
-        return decision
+        found: _Decided | None = g.get("_quota")
+        return None if found is None else found[0].decision(found[1])[1]
 
     # -- request hooks ------------------------------------------------------
 
@@ -357,37 +364,31 @@ class Quota:
                 if not isinstance(owner, str) or not owner:
                     raise TypeError(f"key callable of {endpoint!r} returned {owner!r}, not a str")
                 endpoint_tag = KeyBuilder.key_tag(owner)
-        checks = state.policy.checks(
-            plan,
-            ip_tag=ip_tag,
-            identity_tag=tag,
-            method=req.method,
-            spec=spec,
-            resource=resource,
-            cost=cost,
-            endpoint_tag=endpoint_tag,
-        )
-        if not checks:
+        route = state.route(catalog, plan, endpoint, req.method, spec, resource, cost)
+        if not route.tiers:
             return
-        # The caller's block is read in the same storage call as its tiers.
-        gate = blocks.gate_check(state.policy.keys, tag)
-        calls = [gate, *[c.check for c in checks]]
-        metrics = state.metrics
+        # The caller's block gate is read in the same storage call as its tiers.
+        keys = route.keys(ip_tag, tag, endpoint_tag or tag)
+        metrics, verdict = state.metrics, None
         if metrics is None:
-            verdict = state.guard.decide(calls)
+            reply = state.guard.decide_flat(route.calls, keys)
+            if reply is None:  # storage down, failing open
+                return
+            if reply[1] and not route.shadow:  # admitted, nothing to signal: the usual case
+                g._get_current_object()._quota = (route, reply, keys, tag, spec)
+                return
         else:
-            verdict = metrics.decide(state.guard, calls, checks, plan.name)
-        if verdict is None:  # storage down, failing open
-            return
-        blocked, tiers = blocks.split(verdict, 1)
-        decision = Decision.from_verdict(plan.name, checks, tiers)
-        if metrics is not None:
+            calls = route.checks(keys)
+            verdict = metrics.decide(state.guard, calls, route.tier_checks(keys), plan.name)
+            if verdict is None:
+                return
+            reply = flat_reply(verdict)
+        blocked, decision = route.decision(reply)
+        if metrics is not None and verdict is not None:
             metrics.decided(decision, verdict, blocked=blocked is not None)
         if blocked is not None:
             raise CallerBlocked(decision, blocked)
-        scope = g._get_current_object()
-        scope._quota = decision
-        scope._quota_who = tag
+        g._get_current_object()._quota = (route, reply, keys, tag, spec)
         if decision.shadow_denied and signals.quota_shadow_exceeded.receivers:
             signals.quota_shadow_exceeded.send(app, decision=decision)
         denied = decision.denied
@@ -395,16 +396,13 @@ class Quota:
             if signals.quota_exceeded.receivers:
                 signals.quota_exceeded.send(app, decision=decision)
             if settings.block_after is not None:
-                storage, keys = state.storage, state.policy.keys
-                blocked = blocks.escalate(storage, state.guard, settings, keys, tag)
+                storage, keybuilder = state.storage, state.policy.keys
+                blocked = blocks.escalate(storage, state.guard, settings, keybuilder, tag)
                 if blocked is not None:
                     raise CallerBlocked(decision, blocked)
             resource_name = denied.resource if denied.resource == resource else None
             upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
             raise QuotaExceeded(decision, upgrade=upgrade, cost=cost)
-        if spec is not None:  # for charge_when and quota.charge, after the response
-            scope._quota_spec = spec
-            scope._quota_checks = checks
 
     def _identify(self, settings: Settings, req: Request) -> Identity | None:
         if self._identity_loader is not None:
@@ -432,27 +430,45 @@ class Quota:
 
     def _after_request(self, response: Response) -> Response:
         scope = g._get_current_object()
-        decision: Decision | None = scope.__dict__.pop("_quota", None)
-        if decision is not None:
-            state = get_state(current_app._get_current_object())  # type: ignore[attr-defined]
-            if "_quota_spec" in scope.__dict__:
-                decision = self._settle(state, scope, decision, response)
-            headers = response.headers
-            apply_headers(headers, rate_limit_headers(decision, state.settings.headers))
-            if decision.denied is not None and "Retry-After" not in headers:
-                # The app's own @app.errorhandler(QuotaExceeded) answered.
-                headers["Retry-After"] = str(retry_after_seconds(decision))
-            if state.usage is not None:
-                state.usage.record(scope._quota_who, decision.plan, decision.usage_outcomes())
+        found: _Decided | None = scope.__dict__.pop("_quota", None)
+        if found is None:
+            return response
+        route, reply, keys, who, spec = found
+        state = get_state(current_app._get_current_object())  # type: ignore[attr-defined]
+        mode, headers = state.settings.headers, response.headers
+        decision = None
+        if (
+            spec is not None
+            and reply[1]
+            and (spec.charge_when is not None or "_quota_extra" in scope.__dict__)
+        ):
+            decision = self._settle(state, scope, route, reply, keys, spec, response)
+            apply_headers(headers, rate_limit_headers(decision, mode))
+        else:
+            apply_headers(headers, reply_headers(route, reply, mode))
+        if not reply[1] and "Retry-After" not in headers:
+            # The app's own @app.errorhandler(QuotaExceeded) answered.
+            decision = decision or route.decision(reply)[1]
+            headers["Retry-After"] = str(retry_after_seconds(decision))
+        if state.usage is not None:
+            decision = decision or route.decision(reply)[1]
+            state.usage.record(who, decision.plan, decision.usage_outcomes())
         return response
 
     def _settle(
-        self, state: QuotaState, scope: Any, decision: Decision, response: Response
+        self,
+        state: QuotaState,
+        scope: Any,
+        route: Route,
+        reply: Reply,
+        keys: list[str],
+        spec: LimitSpec,
+        response: Response,
     ) -> Decision:
         """After an admitted response: refund it if ``charge_when`` says no, else charge
         what the view added with ``quota.charge``. One storage call at most."""
-        spec: LimitSpec = scope.__dict__.pop("_quota_spec")
-        checks: list[TierCheck] = scope.__dict__.pop("_quota_checks")
+        decision = route.decision(reply)[1]
+        checks = route.tier_checks(keys)
         extra: int = scope.__dict__.pop("_quota_extra", 0)
         if spec.charge_when is not None and not spec.charge_when(response):
             # Not counted: its cost comes back, and anything it charged on top is void.

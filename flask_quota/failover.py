@@ -12,6 +12,7 @@ from .breaker import CircuitBreaker
 from .errors import QuotaUnavailable
 from .settings import FailMode
 from .storage import Check, MemoryStorage, Storage, StorageError, Verdict
+from .storage.base import Reply, flat_decider, flat_reply, keyed
 from .usage import UsageSink, usage_sink
 
 __all__ = ["GuardedStorage", "LocalVerdict"]
@@ -54,6 +55,7 @@ class GuardedStorage:
         self.mode = mode
         self.breaker = breaker
         self.fallback = MemoryStorage() if mode is FailMode.LOCAL else None
+        self._decide_flat = flat_decider(storage)
 
     @property
     def degraded(self) -> bool:
@@ -73,9 +75,30 @@ class GuardedStorage:
             else:
                 self.breaker.succeeded()
                 return verdict
+        local = self._failed(checks, charge_locally)
+        return None if local is None else LocalVerdict(local.now_us, local.outcomes, local.shadow)
+
+    def decide_flat(self, checks: Sequence[Check], keys: Sequence[str]) -> Reply | None:
+        """``decide`` on ``keys`` (``checks``' own keys are ignored), as a flat ``Reply``:
+        the request path's form, with no object made per check."""
+        attempt = self.breaker.allow()
+        charge_locally = True
+        if attempt is not None:
+            try:
+                reply = self._decide_flat(checks, keys)
+            except StorageError as exc:
+                self.breaker.failed(attempt, exc, self.mode.value)
+                charge_locally = attempt.probe
+            else:
+                self.breaker.succeeded()
+                return reply
+        local = self._failed(keyed(checks, keys), charge_locally)
+        return None if local is None else flat_reply(local)
+
+    def _failed(self, checks: Sequence[Check], charge_locally: bool) -> Verdict | None:
+        """The fail mode's answer: the local verdict, ``None`` (open), or 503 (closed)."""
         if self.fallback is not None:
-            local = self.fallback.decide(checks) if charge_locally else self.fallback.peek(checks)
-            return LocalVerdict(local.now_us, local.outcomes)
+            return self.fallback.decide(checks) if charge_locally else self.fallback.peek(checks)
         if self.mode is FailMode.CLOSED:
             raise QuotaUnavailable(math.ceil(self.breaker.seconds_to_probe()))
         return None
@@ -128,6 +151,7 @@ class GuardedStorage:
             return None
         self.breaker.succeeded()
         return result
+
     def usage_sink(self, prefix: str) -> UsageSink:
         """The guarded storage's usage sink."""
         return usage_sink(self.storage, prefix)

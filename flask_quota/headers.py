@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from werkzeug.datastructures import Headers
 
-from .clock import ceil_seconds, seconds_until
+from .clock import US, ceil_seconds, seconds_until
 from .policy import Decision, TierResult
 from .settings import HeaderMode
 
-__all__ = ["apply_headers", "rate_limit_headers", "sf_string"]
+if TYPE_CHECKING:
+    from .route import Route
+
+__all__ = [
+    "apply_headers",
+    "policy_header",
+    "printable",
+    "rate_limit_headers",
+    "reply_headers",
+    "sf_string",
+]
 
 
 # Names are tier and resource names, a small fixed set per app: the escaped forms
@@ -18,12 +30,12 @@ __all__ = ["apply_headers", "rate_limit_headers", "sf_string"]
 @lru_cache(maxsize=1024)
 def sf_string(value: str) -> str:
     """An RFC 8941 sf-string: printable ASCII, quotes and backslashes escaped."""
-    text = _printable(value)
+    text = printable(value)
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 @lru_cache(maxsize=1024)
-def _printable(value: str) -> str:
+def printable(value: str) -> str:
     """Printable ASCII only: an endpoint name is the app's, but a header must stay valid."""
     return "".join(c if " " <= c <= "~" else "?" for c in value)
 
@@ -46,14 +58,53 @@ def rate_limit_headers(decision: Decision, mode: HeaderMode) -> list[tuple[str, 
             ("X-RateLimit-Limit", str(outcome.limit)),
             ("X-RateLimit-Remaining", remaining),
             ("X-RateLimit-Reset", str(ceil_seconds(outcome.reset_us))),
-            ("X-RateLimit-Resource", _printable(shown.name)),
+            ("X-RateLimit-Resource", printable(shown.name)),
         ]
         if mode is HeaderMode.LEGACY:
             return headers
-    policies = _policy(tuple([(r.name, r.outcome.limit, r.rate.policy_window) for r in results]))
+    policies = policy_header(
+        tuple([(r.name, r.outcome.limit, r.rate.policy_window) for r in results])
+    )
     reset_in = seconds_until(outcome.reset_us, decision.now_us)
     headers.append(("RateLimit-Policy", policies))
     headers.append(("RateLimit", f"{sf_string(shown.name)};r={remaining};t={reset_in}"))
+    return headers
+
+
+def reply_headers(route: Route, reply: Sequence[int], mode: HeaderMode) -> list[tuple[str, str]]:
+    """``rate_limit_headers`` of ``route.decision(reply)``, byte for byte, read straight
+    off the storage's flat reply (tier ``i`` at ``reply[6 + 4 * i:]``, after the gate)."""
+    enforced = route.enforced
+    if not enforced or mode is HeaderMode.NONE:
+        return []
+    shown = -1  # as _shown: the first denial with the longest wait, else the fewest remaining
+    for i in enforced:
+        j = 6 + 4 * i
+        if not reply[j] and (shown < 0 or reply[j + 3] > reply[9 + 4 * shown]):
+            shown = i
+    if shown < 0:
+        shown = enforced[0]
+        fewest, latest = reply[7 + 4 * shown], reply[8 + 4 * shown]
+        for i in enforced:
+            left, reset = reply[7 + 4 * i], reply[8 + 4 * i]
+            if left < fewest or (left == fewest and reset > latest):
+                shown, fewest, latest = i, left, reset
+    remaining = str(max(0, reply[7 + 4 * shown]))
+    reset_us = reply[8 + 4 * shown]
+    if mode is HeaderMode.IETF:
+        headers: list[tuple[str, str]] = []
+    else:
+        headers = [
+            ("X-RateLimit-Limit", str(route.limits[shown])),
+            ("X-RateLimit-Remaining", remaining),
+            ("X-RateLimit-Reset", str(-(-reset_us // US))),
+            ("X-RateLimit-Resource", route.names[shown]),
+        ]
+        if mode is HeaderMode.LEGACY:
+            return headers
+    reset_in = max(0, -(-(reset_us - reply[0]) // US))  # seconds_until, inlined
+    headers.append(("RateLimit-Policy", route.policy))
+    headers.append(("RateLimit", f"{route.labels[shown]};r={remaining};t={reset_in}"))
     return headers
 
 
@@ -78,7 +129,7 @@ def _shown(results: tuple[TierResult, ...]) -> TierResult:
 
 
 @lru_cache(maxsize=1024)
-def _policy(tiers: tuple[tuple[str, int, int], ...]) -> str:
+def policy_header(tiers: tuple[tuple[str, int, int], ...]) -> str:
     """``RateLimit-Policy`` for (name, quota, window) of every tier; one per plan and route."""
     return ", ".join(f"{sf_string(name)};q={quota};w={window}" for name, quota, window in tiers)
 
@@ -114,7 +165,7 @@ def apply_headers(headers: Headers, pairs: list[tuple[str, str]]) -> None:
         if name.lower() in _OURS:
             break
     else:
-        # Every value is printable ASCII we built (numbers, sf-strings, _printable
+        # Every value is printable ASCII we built (numbers, sf-strings, printable
         # names), so Werkzeug's per-value validation can be skipped: it cost ~1 us a header.
         if fast is not None:
             fast.extend(pairs)

@@ -23,8 +23,12 @@ __all__ = [
     "Policy",
     "TierCheck",
     "TierResult",
+    "gate_check",
     "policy_name",
 ]
+
+# A gate has no rate, but a Check carries one; this constant one also keys the deny cache.
+_GATE_RATE = Rate(1, 1)
 
 # The method part of an endpoint key when one bucket serves every method.
 ANY_METHOD = "*"
@@ -137,7 +141,7 @@ class Decision:
                 if algorithm is Algorithm.TOKEN_BUCKET:
                     interval = r.rate.window_us // r.rate.limit
                     reset = max(self.now_us, reset - delta * interval)
-                outcome = replace(o, remaining=min(o.limit, o.remaining + delta), reset_us=reset)
+                outcome = o._replace(remaining=min(o.limit, o.remaining + delta), reset_us=reset)
                 r = replace(r, outcome=outcome)
             results.append(r)
         return Decision(self.plan, tuple(results), self.now_us)
@@ -157,6 +161,12 @@ class Decision:
     def seconds_until(self, at_us: int) -> int:
         """Whole seconds from now until ``at_us``, rounded up."""
         return seconds_until(at_us, self.now_us)
+
+
+def gate_check(keys: KeyBuilder, tag: str) -> Check:
+    """The check that denies while the caller ``tag`` is blocked (see ``blocks``); it
+    charges nothing and rides along with every decision of the caller's."""
+    return Check(keys.block_key(tag), Gate.BLOCK, _GATE_RATE, 0)
 
 
 def policy_name(name: str, rates: Rates, index: int) -> str:

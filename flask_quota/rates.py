@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .clock import US
 
@@ -50,8 +50,16 @@ class Rate:
     limit: int
     window: int
     burst: int | None = None
+    # Derived, kept as fields: the algorithms read them on every decision, and a
+    # slot is read in C where a property runs Python code.
+    window_us: int = field(init=False, repr=False, compare=False)
+    """The window in microseconds, the unit the algorithms count in."""
+    capacity: int = field(init=False, repr=False, compare=False)
+    """Token bucket size; equals ``limit`` unless a burst is given."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "window_us", self.window * US)
+        object.__setattr__(self, "capacity", self.limit if self.burst is None else self.burst)
         if self.limit <= 0 or self.window <= 0 or (self.burst is not None and self.burst <= 0):
             raise ValueError(f"rate {self!s} must have a positive limit, window and burst")
         if self.window > MAX_WINDOW:
@@ -66,16 +74,6 @@ class Rate:
                 f"rate {self!s} would take longer than 366 days to refill a full bucket "
                 f"(lower the burst or raise the rate); allowed: {_CAPS}"
             )
-
-    @property
-    def window_us(self) -> int:
-        """The window in microseconds, the unit the algorithms count in."""
-        return self.window * US
-
-    @property
-    def capacity(self) -> int:
-        """Token bucket size; equals ``limit`` unless a burst is given."""
-        return self.limit if self.burst is None else self.burst
 
     @property
     def policy_window(self) -> int:

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from flask import Blueprint, Flask, current_app
 
 from .failover import GuardedStorage
-from .plans import PlanCatalog
+from .plans import Plan, PlanCatalog
 from .policy import LimitSpec, Policy
+from .route import Route, build_route
 from .settings import Settings
 from .sql_store import SqlStore
 from .storage import Storage
@@ -59,12 +60,39 @@ class QuotaState:
     # endpoint -> (exempt, limit), resolved at an endpoint's first request: one dict
     # lookup per request instead of attribute probes on the view and its blueprints.
     views: dict[str, tuple[bool, LimitSpec | None]] = field(default_factory=dict)
+    # (id(plan), endpoint, method, cost, limited?) -> Route, for the catalog in
+    # ``routes_of``; a new catalog (a plan or override change) empties it.
+    routes: dict[tuple[int, str | None, str, int, bool], Route] = field(default_factory=dict)
+    routes_of: PlanCatalog | None = None
 
     def view_limit(self, app: Flask, endpoint: str) -> tuple[bool, LimitSpec | None]:
         """``view_limit(app, endpoint)``, cached (routes are fixed once requests run)."""
         found = self.views.get(endpoint)
         if found is None:
             found = self.views[endpoint] = view_limit(app, endpoint)
+        return found
+
+    def route(
+        self,
+        catalog: PlanCatalog,
+        plan: Plan,
+        endpoint: str | None,
+        method: str,
+        spec: LimitSpec | None,
+        resource: str | None,
+        cost: int,
+    ) -> Route:
+        """The request's ``Route``, built on first use (``plan`` comes from ``catalog``)."""
+        if catalog is not self.routes_of:
+            self.routes, self.routes_of = {}, catalog
+        key = (id(plan), endpoint, method, cost, spec is None)
+        found = self.routes.get(key)
+        if found is None or found.plan is not plan:  # the entry holds its plan: ids stay unique
+            if len(self.routes) >= 4096:  # costs from a callable, expiring overrides: bounded
+                self.routes = {}
+            found = self.routes[key] = build_route(
+                self.policy, plan, method=method, spec=spec, resource=resource, cost=cost
+            )
         return found
 
     def catalog(self) -> PlanCatalog:

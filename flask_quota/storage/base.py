@@ -15,10 +15,16 @@ __all__ = [
     "BlockEntry",
     "Check",
     "Clock",
+    "Reply",
     "Storage",
     "StorageError",
     "Verdict",
+    "flat_decider",
+    "flat_reply",
+    "keyed",
     "shadow_flags",
+    "shown_limit",
+    "verdict_of",
     "wall_clock_us",
     "wraps_errors",
 ]
@@ -66,6 +72,68 @@ def shadow_flags(checks: Sequence[Check]) -> tuple[bool, ...]:
     """``Verdict.shadow`` for ``checks``: empty when none is a shadow check."""
     flags = tuple(c.shadow for c in checks)
     return flags if any(flags) else ()
+
+
+Reply = list[int]
+"""A verdict as flat integers, the request path's form of it (the decide script's
+reply): ``[now_us, all_allowed, then per check: allowed, remaining, reset_us,
+retry_us]``, with 1/0 for the flags. No object is made per check."""
+
+FlatDecide = Callable[[Sequence[Check], Sequence[str]], Reply]
+
+
+def flat_reply(verdict: Verdict) -> Reply:
+    """``verdict`` as a ``Reply``."""
+    reply = [verdict.now_us, int(verdict.allowed)]
+    for o in verdict.outcomes:
+        reply += (int(o.allowed), o.remaining, o.reset_us, o.retry_after_us)
+    return reply
+
+
+def verdict_of(checks: Sequence[Check], reply: Sequence[int]) -> Verdict:
+    """A ``Reply`` for ``checks`` as a ``Verdict``; each outcome's limit is its rate's
+    (a token bucket's capacity; 0 for a gate, which has no limit)."""
+    outcomes = tuple(
+        Outcome(
+            bool(reply[2 + 4 * i]),
+            shown_limit(check),
+            int(reply[3 + 4 * i]),
+            int(reply[4 + 4 * i]),
+            int(reply[5 + 4 * i]),
+        )
+        for i, check in enumerate(checks)
+    )
+    return Verdict(int(reply[0]), outcomes, shadow_flags(checks))
+
+
+def shown_limit(check: Check) -> int:
+    """The limit a check's outcome reports: a token bucket's capacity, 0 for a gate."""
+    if isinstance(check.algorithm, Gate):
+        return 0
+    if check.algorithm is Algorithm.TOKEN_BUCKET:
+        return check.rate.capacity
+    return check.rate.limit
+
+
+def keyed(checks: Sequence[Check], keys: Sequence[str]) -> list[Check]:
+    """``checks`` with ``keys`` (in the same order) in place of their own keys."""
+    return [
+        Check(key, c.algorithm, c.rate, c.cost, c.shadow)
+        for c, key in zip(checks, keys, strict=True)
+    ]
+
+
+def flat_decider(storage: Storage) -> FlatDecide:
+    """``storage.decide_flat`` where the backend has it; otherwise ``decide`` through
+    the converters (Cluster: its per-slot calls need the ``Check`` objects anyway)."""
+    fast: FlatDecide | None = getattr(storage, "decide_flat", None)
+    if fast is not None:
+        return fast
+
+    def decide_flat(checks: Sequence[Check], keys: Sequence[str]) -> Reply:
+        return flat_reply(storage.decide(keyed(checks, keys)))
+
+    return decide_flat
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +184,13 @@ class Storage(Protocol):
     name: str
 
     def decide(self, checks: Sequence[Check]) -> Verdict:
-        """Charge every check if all of them allow; otherwise charge none."""
+        """Charge every check if all of them allow; otherwise charge none.
+
+        A backend may also offer ``decide_flat(checks, keys) -> Reply``, the request
+        path's form: the same decision on ``keys`` (``checks``' own keys are
+        ignored), answered as flat integers. ``checks`` is then a request shape
+        reused across requests, which the backend may cache by identity.
+        """
 
     def peek(self, checks: Sequence[Check]) -> Verdict:
         """Answer as ``decide`` would without changing anything."""

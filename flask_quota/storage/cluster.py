@@ -16,7 +16,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import redis
@@ -36,6 +35,7 @@ from .base import (
     StorageError,
     Verdict,
     shadow_flags,
+    verdict_of,
     wall_clock_us,
     wraps_errors,
 )
@@ -46,7 +46,6 @@ from .redis import (
     SCRIPT,
     charge_args,
     decide_args,
-    parse_reply,
     read_blocks,
     refund_args,
 )
@@ -207,7 +206,7 @@ class ClusterStorage:
             if isinstance(reply, BaseException):
                 results.append(reply)
             else:
-                results.append(parse_reply(reply, [checks[i] for i in group]))
+                results.append(verdict_of([checks[i] for i in group], reply))
         verdicts = [r for r in results if isinstance(r, Verdict)]
         failed = [r for r in results if not isinstance(r, Verdict)]
         if mode == "decide" and (failed or not all(v.allowed for v in verdicts)):
@@ -324,5 +323,5 @@ def merge(checks: Sequence[Check], groups: list[list[int]], verdicts: list[Verdi
     for group, verdict in zip(groups, verdicts, strict=True):
         shift = now - verdict.now_us
         for i, outcome in zip(group, verdict.outcomes, strict=True):
-            outcomes[i] = replace(outcome, reset_us=outcome.reset_us + shift) if shift else outcome
+            outcomes[i] = outcome._replace(reset_us=outcome.reset_us + shift) if shift else outcome
     return Verdict(now, tuple(o for o in outcomes if o is not None), shadow_flags(checks))

@@ -5,16 +5,19 @@ from __future__ import annotations
 import fnmatch
 import heapq
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..adjust import CHARGES, REFUNDS, Change
 from ..algorithms import ALGORITHMS, Algorithm, Step
+from ..rates import Rate
 from ..usage import MemoryUsageSink, UsageSink
-from .base import BlockEntry, Check, Clock, Verdict, shadow_flags, wall_clock_us
+from .base import BlockEntry, Check, Clock, Reply, Verdict, verdict_of, wall_clock_us
 
 __all__ = ["MemoryStorage"]
 
+# A check as the decision loop reads it: its algorithm's step function, rate, cost, shadow flag.
+_Shape = tuple[Callable[[Any, int, Rate, int], Step], Rate, int, bool]
 _SLOT_US = 1_000_000  # expiry is swept in one-second slots
 _COMPACT_MIN = 4096  # tables smaller than this are never rebuilt
 
@@ -36,17 +39,24 @@ class MemoryStorage:
         self._slots: dict[int, set[str]] = {}  # slot -> keys expiring in it
         self._slot_heap: list[int] = []
         self._high = 0  # most keys seen at a sweep since the tables were last rebuilt
+        # id(checks) -> (checks, its steps): a request shape reused across requests
+        # (a tuple, see ``Route``) has its algorithm functions looked up once.
+        self._shapes: dict[int, tuple[Sequence[Check], list[_Shape]]] = {}
 
     def __len__(self) -> int:
         return len(self._data)
 
     def decide(self, checks: Sequence[Check]) -> Verdict:
         """Charge every check if all of them allow; otherwise charge none."""
-        return self._run(checks, commit=True)
+        return verdict_of(checks, self._run(checks, [c.key for c in checks], commit=True))
+
+    def decide_flat(self, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
+        """``decide`` on ``keys``, as a flat ``Reply`` (the request path)."""
+        return self._run(checks, keys, commit=True)
 
     def peek(self, checks: Sequence[Check]) -> Verdict:
         """Answer as ``decide`` would without changing anything."""
-        return self._run(checks, commit=False)
+        return verdict_of(checks, self._run(checks, [c.key for c in checks], commit=False))
 
     def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
         with self._lock:
@@ -106,26 +116,45 @@ class MemoryStorage:
         with self._lock:
             self._sweep(self._clock())
 
-    def _run(self, checks: Sequence[Check], *, commit: bool) -> Verdict:
+    def _run(self, checks: Sequence[Check], keys: Sequence[str], *, commit: bool) -> Reply:
+        shape = self._shape(checks)
         with self._lock:
             now = self._clock()
-            self._sweep(now)
+            heap = self._slot_heap
+            if heap and heap[0] <= now // _SLOT_US:
+                self._sweep(now)
             data = self._data
+            reply = [now, 1]
             steps: list[Step] = []
             allowed = True
-            for check in checks:
-                entry = data.get(check.key)
-                state = entry[0] if entry is not None and entry[1] > now else None
-                step = ALGORITHMS[check.algorithm](state, now, check.rate, check.cost)
-                allowed = allowed and (step.outcome.allowed or check.shadow)
+            for key, (step_of, rate, cost, shadow) in zip(keys, shape, strict=True):
+                entry = data.get(key)
+                step = step_of(
+                    entry[0] if entry is not None and entry[1] > now else None, now, rate, cost
+                )
+                o = step.outcome
+                if not o.allowed and not shadow:
+                    allowed = False
+                reply += (1 if o.allowed else 0, o.remaining, o.reset_us, o.retry_after_us)
                 steps.append(step)
-            outcomes = tuple([step.outcome for step in steps])
-            verdict = Verdict(now, outcomes, shadow_flags(checks))
-            if commit and allowed:
-                for check, step in zip(checks, steps, strict=True):
+            if not allowed:
+                reply[1] = 0
+            elif commit:
+                for key, step in zip(keys, steps, strict=True):
                     if step.outcome.allowed:  # a shadow check that would deny is not charged
-                        self._store(check.key, step.state, step.ttl_us, now)
-            return verdict
+                        self._store(key, step.state, step.ttl_us, now)
+            return reply
+
+    def _shape(self, checks: Sequence[Check]) -> list[_Shape]:
+        found = self._shapes.get(id(checks))
+        if found is not None and found[0] is checks:
+            return found[1]
+        shape = [(ALGORITHMS[c.algorithm], c.rate, c.cost, c.shadow) for c in checks]
+        if type(checks) is tuple:  # a reused shape; a list is made per call
+            if len(self._shapes) >= 4096:
+                self._shapes.clear()
+            self._shapes[id(checks)] = (checks, shape)
+        return shape
 
     def _live(self, key: str, now: int) -> Any:
         entry = self._data.get(key)

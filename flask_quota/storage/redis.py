@@ -12,9 +12,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..algorithms import Outcome
 from ..usage import RedisUsageSink, UsageSink
-from .base import BlockEntry, Check, Clock, Verdict, shadow_flags, wraps_errors
+from .base import BlockEntry, Check, Clock, Reply, Verdict, verdict_of, wraps_errors
 
 __all__ = [
     "CHARGE_SCRIPT",
@@ -24,7 +23,6 @@ __all__ = [
     "SHADOW_MARK",
     "RedisStorage",
     "decide_args",
-    "parse_reply",
     "read_blocks",
 ]
 
@@ -121,11 +119,15 @@ class RedisStorage:
 
     def decide(self, checks: Sequence[Check]) -> Verdict:
         """Charge every check if all of them allow; otherwise charge none."""
-        return self._call("decide", checks)
+        return verdict_of(checks, self._call("decide", checks, [c.key for c in checks]))
+
+    def decide_flat(self, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
+        """``decide`` on ``keys``, answered as the script's flat reply (the request path)."""
+        return self._call("decide", checks, keys)
 
     def peek(self, checks: Sequence[Check]) -> Verdict:
         """Answer as ``decide`` would without changing anything."""
-        return self._call("peek", checks)
+        return verdict_of(checks, self._call("peek", checks, [c.key for c in checks]))
 
     @wraps_errors(*REDIS_ERRORS)
     def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
@@ -167,10 +169,10 @@ class RedisStorage:
         self.client.close()
 
     @wraps_errors(*REDIS_ERRORS)
-    def _call(self, mode: str, checks: Sequence[Check]) -> Verdict:
+    def _call(self, mode: str, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
         now = b"" if self._clock is None else b"%d" % self._clock()
-        reply = self._decide(self._decide.pack(mode, now, checks))
-        return parse_reply(reply, checks)
+        reply: Reply = self._decide(self._decide.pack(mode, now, checks, keys))
+        return reply
 
     def usage_sink(self, prefix: str) -> UsageSink:
         """Dashboard usage in this Redis, shared by every worker (Sentinel inherits it)."""
@@ -212,21 +214,39 @@ class _ScriptCall:
         # encoded arguments). Ids, because hashing a Rate or an enum runs Python code; the
         # entry holds the rate and algorithm, so their ids cannot be reused while it lives.
         self._args: dict[tuple[int, int, int, bool], tuple[Any, Any, bytes]] = {}
+        # id(checks) -> (checks, every check's arguments): a request shape (a tuple the
+        # request path reuses, see ``Route``) is encoded once. Held, so the id stays its own.
+        self._shapes: dict[int, tuple[Sequence[Check], bytes]] = {}
 
-    def pack(self, mode: str, now: bytes, checks: Sequence[Check]) -> bytes:
-        """``EVALSHA sha n key... mode now (code limit window_us capacity cost)...`` in RESP."""
+    def pack(
+        self, mode: str, now: bytes, checks: Sequence[Check], keys: Sequence[str] | None = None
+    ) -> bytes:
+        """``EVALSHA sha n key... mode now (code limit window_us capacity cost)...`` in RESP,
+        with ``keys`` (default: the checks' own) for the checks' keys."""
+        if keys is None:
+            keys = [c.key for c in checks]
         n = len(checks)
-        count = b"%d" % n
-        parts = [b"*%d\r\n" % (5 + 6 * n), self._head, _bulk(count)]
-        for check in checks:
-            parts.append(_bulk(check.key.encode()))
+        parts = [b"*%d\r\n" % (5 + 6 * n), self._head, _bulk(b"%d" % n)]
+        for key in keys:
+            encoded = key.encode()
+            parts.append(b"$%d\r\n%b\r\n" % (len(encoded), encoded))
         parts.append(self._modes[mode])
         parts.append(_bulk(now))
-        cache = self._args
-        for check in checks:
-            found = cache.get((id(check.rate), id(check.algorithm), check.cost, check.shadow))
-            parts.append(self._encode(check) if found is None else found[2])
+        shape = self._shapes.get(id(checks))
+        if shape is not None and shape[0] is checks:
+            parts.append(shape[1])
+        else:
+            args = b"".join([self._check_args(check) for check in checks])
+            if type(checks) is tuple:  # a reused shape; a list is made per call
+                if len(self._shapes) >= 4096:
+                    self._shapes.clear()
+                self._shapes[id(checks)] = (checks, args)
+            parts.append(args)
         return b"".join(parts)
+
+    def _check_args(self, check: Check) -> bytes:
+        found = self._args.get((id(check.rate), id(check.algorithm), check.cost, check.shadow))
+        return self._encode(check) if found is None else found[2]
 
     def _encode(self, check: Check) -> bytes:
         rate, algorithm = check.rate, check.algorithm
@@ -289,18 +309,3 @@ def read_blocks(client: Any, keys: list[Any]) -> list[BlockEntry]:
             name = key.decode() if isinstance(key, bytes) else key
             found.append(BlockEntry(name, ttl * 1000, info.decode("utf-8", "replace")))
     return found
-
-
-def parse_reply(reply: Sequence[int], checks: Sequence[Check]) -> Verdict:
-    """Turn ``{now, all_allowed, (allowed, remaining, reset, retry)...}`` into a Verdict."""
-    outcomes = tuple(
-        Outcome(
-            bool(reply[2 + 4 * i]),
-            check.rate.capacity if check.algorithm.code == "tb" else check.rate.limit,
-            int(reply[3 + 4 * i]),
-            int(reply[4 + 4 * i]),
-            int(reply[5 + 4 * i]),
-        )
-        for i, check in enumerate(checks)
-    )
-    return Verdict(int(reply[0]), outcomes, shadow_flags(checks))

@@ -1,0 +1,184 @@
+"""The precomputed request shape (``Route``) against the object path it replaces.
+
+The request path decides from a ``Route`` (keys by concatenation, a flat reply,
+headers read off it). Each test here builds the same request both ways and
+demands identical keys, decisions and header bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Flask
+from hypothesis import given
+from hypothesis import strategies as st
+
+from flask_quota import Quota
+from flask_quota.algorithms import Algorithm
+from flask_quota.headers import rate_limit_headers, reply_headers
+from flask_quota.keys import KeyBuilder
+from flask_quota.plans import LimitMode, Plan, PlanCatalog
+from flask_quota.policy import Decision, LimitSpec, Policy, gate_check
+from flask_quota.rates import parse_rates
+from flask_quota.route import build_route
+from flask_quota.settings import HeaderMode
+from flask_quota.state import get_state
+from flask_quota.storage import MemoryStorage
+from flask_quota.storage.base import flat_reply, verdict_of
+from flask_quota.testing import FrozenClock
+
+PLAN = Plan(
+    "p",
+    global_rate="50/second",
+    user_rate="100/minute, 1000/day",
+    resources={"search": "5/minute; burst=8, 50/hour", "ai": "3/minute"},
+    modes={
+        ("endpoint", "search"): LimitMode(algorithm=Algorithm.SLIDING_WINDOW_COUNTER),
+        ("user", ""): LimitMode(shadow=True),
+    },
+)
+TAGS = st.sampled_from(["ip=1.2.3.4", "id=alice", "id=%7Bodd%7D%3A", "k=org%2F7", "ip=::1"])
+
+
+@given(
+    ip_tag=TAGS,
+    tag=TAGS,
+    key_tag=st.one_of(st.none(), TAGS),
+    method=st.sampled_from(["GET", "HEAD", "POST"]),
+    per_method=st.booleans(),
+    resource=st.sampled_from(["search", "ai", "other"]),
+    cost=st.integers(0, 3),
+    shadow=st.booleans(),
+)
+def test_route_keys_and_checks_are_the_policys(
+    ip_tag: str,
+    tag: str,
+    key_tag: str | None,
+    method: str,
+    per_method: bool,
+    resource: str,
+    cost: int,
+    shadow: bool,
+) -> None:
+    policy = Policy(KeyBuilder("q"), Algorithm.TOKEN_BUCKET, shadow=shadow)
+    key = (lambda: "x") if key_tag is not None else None
+    spec = LimitSpec(parse_rates("7/minute"), None, cost, key, per_method)
+    expected = policy.checks(
+        PLAN,
+        ip_tag=ip_tag,
+        identity_tag=tag,
+        method=method,
+        spec=spec,
+        resource=resource,
+        cost=cost,
+        endpoint_tag=key_tag,
+    )
+    route = build_route(policy, PLAN, method=method, spec=spec, resource=resource, cost=cost)
+    keys = route.keys(ip_tag, tag, key_tag or tag)
+    assert route.checks(keys) == [gate_check(policy.keys, tag), *[c.check for c in expected]]
+    assert route.tier_checks(keys) == expected
+    assert route.shadow == (shadow or any(c.check.shadow for c in expected))
+
+
+REPLY_TIER = st.tuples(
+    st.booleans(),
+    st.integers(-3, 40),  # remaining (a token bucket in debt goes below 0)
+    st.integers(0, 10**8),  # reset, around now
+    st.integers(0, 10**8),  # retry
+)
+
+
+@given(
+    tiers=st.lists(REPLY_TIER, min_size=5, max_size=5),
+    now=st.integers(0, 10**8),
+    shadow=st.booleans(),
+    mode=st.sampled_from(list(HeaderMode)),
+)
+def test_headers_from_the_reply_are_the_decisions_byte_for_byte(
+    tiers: list[tuple[bool, int, int, int]], now: int, shadow: bool, mode: HeaderMode
+) -> None:
+    """Ties included: remaining and resets are drawn from small ranges around now."""
+    policy = Policy(KeyBuilder(), Algorithm.TOKEN_BUCKET, shadow=shadow)
+    spec = LimitSpec(None, "search", 1)
+    route = build_route(policy, PLAN, method="GET", spec=spec, resource="search", cost=1)
+    assert len(route.tiers) == 5  # global, user (2 rates), search (2 rates)
+    reply = [now, 1, 1, 0, now, 0]
+    for allowed, remaining, reset, retry in tiers:
+        reply += [int(allowed), remaining, reset, 0 if allowed else retry]
+    blocked, decision = route.decision(reply)
+    assert blocked is None
+    assert reply_headers(route, reply, mode) == rate_limit_headers(decision, mode)
+
+
+def test_decision_from_the_reply_is_the_verdicts() -> None:
+    """``route.decision`` equals ``Decision.from_verdict`` over the same storage answer."""
+    clock = FrozenClock()
+    storage = MemoryStorage(clock=clock)
+    policy = Policy(KeyBuilder(), Algorithm.TOKEN_BUCKET)
+    spec = LimitSpec(None, "ai", 1)
+    route = build_route(policy, PLAN, method="POST", spec=spec, resource="ai", cost=1)
+    keys = route.keys("ip=9.9.9.9", "id=bob", "id=bob")
+    for _ in range(5):  # the "ai" tier (3/minute) denies from the fourth call
+        reply = storage.decide_flat(route.calls, keys)
+        verdict = verdict_of(route.checks(keys), reply)
+        assert flat_reply(verdict) == reply
+        gate, decision = route.decision(reply)
+        tiers = route.tier_checks(keys)
+        expected = Decision.from_verdict("p", tiers, verdict_of([c.check for c in tiers], reply[4:]))
+        assert gate is None
+        assert decision == expected
+        clock.advance(0.001)
+    assert decision.denied is not None and decision.denied.name == "ai"
+
+
+def test_memory_flat_and_object_paths_decide_alike() -> None:
+    """``decide_flat`` on a reused shape charges exactly as ``decide`` on the same checks."""
+    policy = Policy(KeyBuilder(), Algorithm.FIXED_WINDOW)
+    route = build_route(
+        policy, PLAN, method="GET", spec=LimitSpec(None, "ai", 1), resource="ai", cost=1
+    )
+    flat, objects = MemoryStorage(clock=FrozenClock()), MemoryStorage(clock=FrozenClock())
+    keys = route.keys("ip=1.1.1.1", "id=a", "id=a")
+    for _ in range(6):
+        assert flat.decide_flat(route.calls, keys) == flat_reply(objects.decide(route.checks(keys)))
+
+
+def test_routes_are_cached_per_catalog_and_rebuilt_when_it_changes() -> None:
+    app = Flask(__name__)
+    app.config.update(QUOTA_DATABASE_URL="sqlite://")
+    Quota(app, storage=MemoryStorage(clock=FrozenClock()))
+    state = get_state(app)
+    spec = LimitSpec(parse_rates("100/minute"), None, 1)
+    old, new = PlanCatalog([PLAN]), PlanCatalog([PLAN])
+    route = state.route(old, PLAN, "view", "GET", spec, "view", 1)
+    assert state.route(old, PLAN, "view", "GET", spec, "view", 1) is route  # cached
+    assert state.route(old, PLAN, "view", "POST", spec, "view", 1) is not route
+    assert state.route(old, PLAN, "view", "GET", spec, "view", 2) is not route  # another cost
+    assert len(state.routes) == 3
+    again = state.route(new, PLAN, "view", "GET", spec, "view", 1)  # a plan change
+    assert again is not route and again.calls == route.calls
+    assert len(state.routes) == 1 and state.routes_of is new
+    # A plan equal to the cached one but another object (an override re-resolved, or a
+    # new id after the old plan was freed) gets a route of its own: entries hold their plan.
+    other = Plan("p", global_rate="1/second")
+    assert state.route(new, other, "view", "GET", spec, "view", 1).plan is other
+
+
+def test_current_decision_on_the_fast_path() -> None:
+    """An admitted request keeps no Decision; ``current_decision()`` makes it on demand."""
+    app = Flask(__name__)
+    app.config.update(QUOTA_DATABASE_URL="sqlite://")
+    quota = Quota(app, storage=MemoryStorage(clock=FrozenClock()))
+    seen: list[Decision | None] = []
+
+    @app.get("/r")
+    @quota.limit("3/minute")
+    def r() -> str:
+        seen.append(quota.current_decision())
+        return "ok"
+
+    client = app.test_client()
+    assert client.get("/r").headers["X-RateLimit-Remaining"] == "2"
+    decision = seen[0]
+    assert decision is not None and decision.allowed
+    assert [(r.name, r.outcome.remaining) for r in decision.results][-1] == ("r", 2)
