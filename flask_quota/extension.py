@@ -45,9 +45,9 @@ log = logging.getLogger("flask_quota")
 V = TypeVar("V", bound=Callable[..., Any] | Blueprint)
 
 # What a decided request leaves in ``g._quota`` for the after-request hook: its route,
-# the storage's reply, its keys, the caller's tag and its limit. The ``Decision`` is
-# made from them only when something needs it.
-_Decided = tuple[Route, Reply, list[str], str, "LimitSpec | None"]
+# the storage's reply, its keys, the caller's tag, its limit and the app's state. The
+# ``Decision`` is made from them only when something needs it.
+_Decided = tuple[Route, Reply, list[str], str, "LimitSpec | None", QuotaState]
 
 
 def _gunicorn_workers() -> int | None:
@@ -325,7 +325,7 @@ class Quota:
         # The proxies (request, current_app, g) cost ~1 us per access: unwrap them once.
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
         app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
-        state = get_state(app)
+        state: QuotaState = app.extensions["quota"]  # there: init_app registered this hook
         settings = state.settings
         if not settings.enabled or req.method in settings.exempt_methods:
             return
@@ -356,8 +356,11 @@ class Quota:
         cost = 1
         endpoint_tag = None
         if spec is not None:
-            cost = spec.cost() if callable(spec.cost) else spec.cost
-            if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
+            weight = spec.cost
+            cost = weight() if callable(weight) else weight  # an int was checked by @quota.limit
+            if callable(weight) and (
+                isinstance(cost, bool) or not isinstance(cost, int) or cost < 0
+            ):
                 raise TypeError(f"cost callable of {endpoint!r} returned {cost!r}, not an int >= 0")
             if spec.key is not None:
                 owner = spec.key()
@@ -375,7 +378,7 @@ class Quota:
             if reply is None:  # storage down, failing open
                 return
             if reply[1] and not route.shadow:  # admitted, nothing to signal: the usual case
-                g._get_current_object()._quota = (route, reply, keys, tag, spec)
+                g._get_current_object()._quota = (route, reply, keys, tag, spec, state)
                 return
         else:
             calls = route.checks(keys)
@@ -388,7 +391,7 @@ class Quota:
             metrics.decided(decision, verdict, blocked=blocked is not None)
         if blocked is not None:
             raise CallerBlocked(decision, blocked)
-        g._get_current_object()._quota = (route, reply, keys, tag, spec)
+        g._get_current_object()._quota = (route, reply, keys, tag, spec, state)
         if decision.shadow_denied and signals.quota_shadow_exceeded.receivers:
             signals.quota_shadow_exceeded.send(app, decision=decision)
         denied = decision.denied
@@ -433,8 +436,7 @@ class Quota:
         found: _Decided | None = scope.__dict__.pop("_quota", None)
         if found is None:
             return response
-        route, reply, keys, who, spec = found
-        state = get_state(current_app._get_current_object())  # type: ignore[attr-defined]
+        route, reply, keys, who, spec, state = found
         mode, headers = state.settings.headers, response.headers
         decision = None
         if (

@@ -56,6 +56,10 @@ class GuardedStorage:
         self.breaker = breaker
         self.fallback = MemoryStorage() if mode is FailMode.LOCAL else None
         self._decide_flat = flat_decider(storage)
+        if type(storage) is MemoryStorage:
+            # An in-process store never fails (it raises no StorageError): its request
+            # path skips the breaker, which could never open.
+            self.decide_flat = storage.decide_flat  # type: ignore[method-assign]
 
     @property
     def degraded(self) -> bool:

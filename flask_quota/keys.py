@@ -53,6 +53,8 @@ class KeyBuilder:
     def identity_tag(identity_id: str) -> str:
         """The tag of an identity: ``id=...``."""
         # Distinct prefixes keep an identity named "ip=1.2.3.4" off that IP's budget.
+        if len(identity_id) <= _CACHED_ID:
+            return _identity_tag(identity_id)
         return "id=" + escape(identity_id)
 
     @staticmethod
@@ -89,6 +91,16 @@ class KeyBuilder:
 def _route_part(method: str, resource: str) -> str:
     """``METHOD:resource`` escaped: a route's methods and resource are a small fixed set."""
     return f"{escape(method)}:{escape(resource)}"
+
+
+# Identities repeat from request to request: their tags are cached, short ones only, so
+# hostile long ids cannot make the cache large (8,192 x 64 characters at most).
+_CACHED_ID = 64
+
+
+@lru_cache(maxsize=8192)
+def _identity_tag(identity_id: str) -> str:
+    return "id=" + escape(identity_id)
 
 
 @lru_cache(maxsize=8192)

@@ -125,24 +125,33 @@ class MemoryStorage:
                 self._sweep(now)
             data = self._data
             reply = [now, 1]
-            steps: list[Step] = []
-            allowed = True
+            writes = []  # (key, state, ttl, the stored entry) of each check that allowed
             for key, (step_of, rate, cost, shadow) in zip(keys, shape, strict=True):
                 entry = data.get(key)
-                step = step_of(
-                    entry[0] if entry is not None and entry[1] > now else None, now, rate, cost
-                )
-                o = step.outcome
-                if not o.allowed and not shadow:
-                    allowed = False
-                reply += (1 if o.allowed else 0, o.remaining, o.reset_us, o.retry_after_us)
-                steps.append(step)
-            if not allowed:
-                reply[1] = 0
-            elif commit:
-                for key, step in zip(keys, steps, strict=True):
-                    if step.outcome.allowed:  # a shadow check that would deny is not charged
-                        self._store(key, step.state, step.ttl_us, now)
+                live = entry[0] if entry is not None and entry[1] > now else None
+                (allowed, _, remaining, reset, retry), state, ttl = step_of(live, now, rate, cost)
+                reply += (1 if allowed else 0, remaining, reset, retry)
+                if allowed:  # a shadow check that would deny is not charged
+                    if ttl > 0 or entry is not None:  # else: nothing stored, nothing to drop
+                        writes.append((key, state, ttl, entry))
+                elif not shadow:
+                    reply[1] = 0
+            if commit and reply[1]:
+                slots = self._slots
+                for key, state, ttl, old in writes:
+                    if ttl <= 0:
+                        self._drop(key)
+                        continue
+                    expires = now + ttl
+                    data[key] = (state, expires)
+                    # Keys expire in one-second slots: re-file the key only when its slot moves.
+                    slot = expires // _SLOT_US + 1
+                    if old is not None:
+                        old_slot = old[1] // _SLOT_US + 1
+                        if slot == old_slot:
+                            continue
+                        slots[old_slot].discard(key)
+                    self._file(key, slot)
             return reply
 
     def _shape(self, checks: Sequence[Check]) -> list[_Shape]:
@@ -182,6 +191,10 @@ class MemoryStorage:
             return
         if old_slot is not None:
             self._slots[old_slot].discard(key)
+        self._file(key, slot)
+
+    def _file(self, key: str, slot: int) -> None:
+        """Put ``key`` in the expiry slot ``slot``."""
         keys = self._slots.get(slot)
         if keys is None:
             keys = self._slots[slot] = set()
