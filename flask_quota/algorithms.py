@@ -79,9 +79,21 @@ class Outcome(NamedTuple):
 
 
 class Step(NamedTuple):
-    outcome: Outcome
-    state: Any  # the new state, to be stored only if every tier allows
-    ttl_us: int  # how long ``state`` matters; 0 means "nothing to store"
+    """An ``Outcome``'s fields, then the state to store if every tier allows and how
+    long it matters (its TTL; 0: nothing to store). Flat, so a step is one tuple."""
+
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_us: int
+    retry_after_us: int
+    state: Any
+    ttl_us: int
+
+    @property
+    def outcome(self) -> Outcome:
+        """What the tier decided."""
+        return Outcome(*self[:5])
 
 
 def token_bucket(tat: int | None, now: int, rate: Rate, cost: int) -> Step:
@@ -95,14 +107,14 @@ def token_bucket(tat: int | None, now: int, rate: Rate, cost: int) -> Step:
     base = now if tat is None or tat < now else tat
     if cost > rate.capacity:  # never fits, however long the caller waits: say one window
         remaining = (tau - (base - now)) // interval
-        return Step(Outcome(False, rate.capacity, remaining, base, rate.window_us), tat, 0)
+        return Step(False, rate.capacity, remaining, base, rate.window_us, tat, 0)
     new_tat = base + cost * interval
     if new_tat - now <= tau:
         remaining = (tau - (new_tat - now)) // interval
-        return Step(Outcome(True, rate.capacity, remaining, new_tat, 0), new_tat, new_tat - now)
+        return Step(True, rate.capacity, remaining, new_tat, 0, new_tat, new_tat - now)
     remaining = (tau - (base - now)) // interval
     retry = new_tat - tau - now
-    return Step(Outcome(False, rate.capacity, remaining, base, retry), tat, 0)
+    return Step(False, rate.capacity, remaining, base, retry, tat, 0)
 
 
 def fixed_window(state: tuple[int, int] | None, now: int, rate: Rate, cost: int) -> Step:
@@ -114,13 +126,11 @@ def fixed_window(state: tuple[int, int] | None, now: int, rate: Rate, cost: int)
     if count + cost <= rate.limit:
         used = count + cost
         reset = end if used > 0 else now
-        return Step(
-            Outcome(True, rate.limit, rate.limit - used, reset, 0), (start, used), reset - now
-        )
+        return Step(True, rate.limit, rate.limit - used, reset, 0, (start, used), reset - now)
     reset = end if count > 0 else now
     # A cost above the limit never fits; say "one window" rather than "never".
     retry = end - now if cost <= rate.limit else window
-    return Step(Outcome(False, rate.limit, rate.limit - count, reset, retry), state, 0)
+    return Step(False, rate.limit, rate.limit - count, reset, retry, state, 0)
 
 
 def sliding_window_log(log: tuple[int, ...] | None, now: int, rate: Rate, cost: int) -> Step:
@@ -131,11 +141,11 @@ def sliding_window_log(log: tuple[int, ...] | None, now: int, rate: Rate, cost: 
     if count + cost <= rate.limit:
         new = live + (now,) * cost
         reset = new[-1] + window if new else now
-        return Step(Outcome(True, rate.limit, rate.limit - len(new), reset, 0), new, reset - now)
+        return Step(True, rate.limit, rate.limit - len(new), reset, 0, new, reset - now)
     reset = live[-1] + window if live else now
     # The request fits once the (count + cost - limit) oldest entries have expired.
     retry = live[count + cost - rate.limit - 1] + window - now if cost <= rate.limit else window
-    return Step(Outcome(False, rate.limit, rate.limit - count, reset, retry), log, 0)
+    return Step(False, rate.limit, rate.limit - count, reset, retry, log, 0)
 
 
 def sliding_window_counter(
@@ -155,7 +165,11 @@ def sliding_window_counter(
         cur += cost
         reset = counter_reset(start, prev, cur, now, window)
         return Step(
-            Outcome(True, rate.limit, rate.limit - weighted - cur, reset, 0),
+            True,
+            rate.limit,
+            rate.limit - weighted - cur,
+            reset,
+            0,
             (start, prev, cur),
             reset - now,
         )
@@ -163,7 +177,11 @@ def sliding_window_counter(
     retry = _counter_retry(start, prev, cur, now, rate, cost)
     reset = counter_reset(start, prev, cur, now, window)
     return Step(
-        Outcome(False, rate.limit, remaining, reset, retry),
+        False,
+        rate.limit,
+        remaining,
+        reset,
+        retry,
         state,
         0,
     )
@@ -207,8 +225,8 @@ def block_gate(state: tuple[int, str] | None, now: int, rate: Rate, cost: int) -
     """Denied until the block ends; the state is ``(until, info)``. Never stores anything."""
     until = state[0] if state is not None else 0
     if until > now:
-        return Step(Outcome(False, 0, 0, until, until - now), state, 0)
-    return Step(Outcome(True, 0, 0, now, 0), None, 0)
+        return Step(False, 0, 0, until, until - now, state, 0)
+    return Step(True, 0, 0, now, 0, None, 0)
 
 
 ALGORITHMS: dict[Algorithm | Gate, Callable[[Any, int, Rate, int], Step]] = {

@@ -343,7 +343,7 @@ class Quota:
 
         identity = self._identify(settings, req)
         ip_tag = remote_ip_tag(req.remote_addr)
-        catalog = state.catalog()
+        catalog = state.sql.catalog()  # state.catalog(), one call less on every request
         if identity is None:
             tag = ip_tag
             plan = catalog.resolve(settings.anonymous_plan, None, fallback=settings.default_plan)

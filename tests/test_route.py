@@ -7,8 +7,6 @@ demands identical keys, decisions and header bytes.
 
 from __future__ import annotations
 
-from typing import Any
-
 from flask import Flask
 from hypothesis import given
 from hypothesis import strategies as st
@@ -124,7 +122,8 @@ def test_decision_from_the_reply_is_the_verdicts() -> None:
         assert flat_reply(verdict) == reply
         gate, decision = route.decision(reply)
         tiers = route.tier_checks(keys)
-        expected = Decision.from_verdict("p", tiers, verdict_of([c.check for c in tiers], reply[4:]))
+        tier_verdict = verdict_of([c.check for c in tiers], reply[4:])
+        expected = Decision.from_verdict("p", tiers, tier_verdict)
         assert gate is None
         assert decision == expected
         clock.advance(0.001)

@@ -117,7 +117,8 @@ class MemoryStorage:
             self._sweep(self._clock())
 
     def _run(self, checks: Sequence[Check], keys: Sequence[str], *, commit: bool) -> Reply:
-        shape = self._shape(checks)
+        found = self._shapes.get(id(checks))
+        shape = found[1] if found is not None and found[0] is checks else self._shape(checks)
         with self._lock:
             now = self._clock()
             heap = self._slot_heap
@@ -129,7 +130,7 @@ class MemoryStorage:
             for key, (step_of, rate, cost, shadow) in zip(keys, shape, strict=True):
                 entry = data.get(key)
                 live = entry[0] if entry is not None and entry[1] > now else None
-                (allowed, _, remaining, reset, retry), state, ttl = step_of(live, now, rate, cost)
+                allowed, _, remaining, reset, retry, state, ttl = step_of(live, now, rate, cost)
                 reply += (1 if allowed else 0, remaining, reset, retry)
                 if allowed:  # a shadow check that would deny is not charged
                     if ttl > 0 or entry is not None:  # else: nothing stored, nothing to drop
@@ -151,13 +152,14 @@ class MemoryStorage:
                         if slot == old_slot:
                             continue
                         slots[old_slot].discard(key)
-                    self._file(key, slot)
+                    filed = slots.get(slot)
+                    if filed is None:
+                        self._file(key, slot)
+                    else:
+                        filed.add(key)
             return reply
 
     def _shape(self, checks: Sequence[Check]) -> list[_Shape]:
-        found = self._shapes.get(id(checks))
-        if found is not None and found[0] is checks:
-            return found[1]
         shape = [(ALGORITHMS[c.algorithm], c.rate, c.cost, c.shadow) for c in checks]
         if type(checks) is tuple:  # a reused shape; a list is made per call
             if len(self._shapes) >= 4096:
