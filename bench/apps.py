@@ -167,10 +167,14 @@ def gunicorn_app() -> Flask:
         return bare_app()
     if kind == "quota":
         return quota_app(url, os.environ.get("BENCH_ALGORITHM", "token_bucket"))
+    if kind == "floor":
+        from .compare import floor_server_app  # compare imports this module
+
+        return floor_server_app(url)
     if kind == "limiter":
         return limiter_app(
             url,
             os.environ.get("BENCH_STRATEGY", "fixed-window"),
             headers=os.environ.get("BENCH_HEADERS") == "1",
         )
-    raise ValueError(f"BENCH_APP={kind!r}: use bare, quota or limiter")
+    raise ValueError(f"BENCH_APP={kind!r}: use bare, floor, quota or limiter")

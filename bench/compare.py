@@ -48,6 +48,7 @@ LABELS = {
     "fl/redis/h0": "Flask-Limiter, Redis, fixed-window, 3 limits, no headers",
     "fl/redis/h1": "Flask-Limiter, Redis, fixed-window, 3 limits, headers on",
     "q/mem": "flask-quota, memory://, token_bucket, 3 tiers (headers on)",
+    "q/mem/h0": "flask-quota, memory://, token_bucket, 3 tiers, QUOTA_HEADERS=none",
     "fl/mem/h0": "Flask-Limiter, memory://, fixed-window, 3 limits, no headers",
     "fl/mem/h1": "Flask-Limiter, memory://, fixed-window, 3 limits, headers on",
 }
@@ -120,6 +121,26 @@ def floor_app(redis_url: str, callers: Sequence[tuple[str, str]]) -> Flask:
     return app
 
 
+def floor_server_app(redis_url: str) -> Flask:
+    """The floor as a server (section 3): the hook builds the caller's three keys from
+    the request (``X-User`` and the address, as flask-quota's are built) and makes the
+    floor ``EVALSHA`` with redis-py. The least a one-round-trip limiter can cost there."""
+    from flask import request
+
+    from flask_quota.storage.redis import RedisStorage
+
+    client = RedisStorage.from_url(redis_url, timeout=5.0).client
+    sha = client.script_load(FLOOR_SCRIPT)
+
+    def hook() -> None:
+        ip, user = request.remote_addr or "", request.headers.get(USER_HEADER, "")
+        client.evalsha(sha, 3, *floor_keys("floor", ip, user), "1764480000000000", 3_600_000)
+
+    app = bare_app()
+    app.before_request(hook)
+    return app
+
+
 def hook_app() -> Flask:
     """The bare app with an empty ``before_request`` hook."""
     app = bare_app()
@@ -140,6 +161,8 @@ def build_cases(redis_url: str, callers: Sequence[tuple[str, str]]) -> list[Case
         "fl/redis/h0": lambda: limiter_app(redis_url),
         "fl/redis/h1": lambda: limiter_app(redis_url, headers=True),
         "q/mem": lambda: quota_app("memory://"),
+        # Not a goal: shows what Werkzeug's handling of the six headers costs.
+        "q/mem/h0": lambda: quota_app("memory://", headers="none"),
         "fl/mem/h0": lambda: limiter_app("memory://"),
         "fl/mem/h1": lambda: limiter_app("memory://", headers=True),
     }

@@ -33,6 +33,7 @@ APP_SPEC = "bench.apps:gunicorn_app()"
 # name -> environment of its gunicorn (see apps.gunicorn_app)
 SERVERS: dict[str, dict[str, str]] = {
     "bare": {"BENCH_APP": "bare"},
+    "floor": {"BENCH_APP": "floor"},
     "flask-quota": {"BENCH_APP": "quota", "BENCH_ALGORITHM": "token_bucket"},
     "Flask-Limiter": {"BENCH_APP": "limiter", "BENCH_STRATEGY": "fixed-window"},
     "Flask-Limiter +headers": {
