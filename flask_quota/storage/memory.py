@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..adjust import CHARGES, REFUNDS, Change
-from ..algorithms import ALGORITHMS, Algorithm, Step
+from ..algorithms import ALGORITHMS, Algorithm, Step, block_gate
 from ..rates import Rate
 from ..usage import MemoryUsageSink, UsageSink
 from .base import BlockEntry, Check, Clock, Reply, Verdict, verdict_of, wall_clock_us
@@ -129,6 +129,9 @@ class MemoryStorage:
             writes = []  # (key, state, ttl, the stored entry) of each check that allowed
             for key, (step_of, rate, cost, shadow) in zip(keys, shape, strict=True):
                 entry = data.get(key)
+                if entry is None and step_of is block_gate:  # no block: block_gate(None, ...)
+                    reply += (1, 0, now, 0)
+                    continue
                 live = entry[0] if entry is not None and entry[1] > now else None
                 allowed, _, remaining, reset, retry, state, ttl = step_of(live, now, rate, cost)
                 reply += (1 if allowed else 0, remaining, reset, retry)
