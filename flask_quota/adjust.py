@@ -35,7 +35,7 @@ def refund_bucket(
     the time since it was made, an upper bound that never over-credits."""
     if tat is None or tat <= now:
         return None  # full again: the charge is gone
-    credit = cost * (rate.window_us // rate.limit) - (now - charged_at)
+    credit = cost * rate.interval_us - (now - charged_at)
     if credit <= 0:
         return None
     new_tat = tat - credit
@@ -87,7 +87,7 @@ def refund_counter(
 def charge_bucket(tat: int | None, now: int, rate: Rate, cost: int) -> Change:
     """The TAT moves forward by ``cost`` tokens, past the bucket's depth if need be."""
     base = now if tat is None or tat < now else tat
-    new_tat = base + cost * (rate.window_us // rate.limit)
+    new_tat = base + cost * rate.interval_us
     return Change(new_tat, new_tat - now) if new_tat > now else Change(None, None)
 
 

@@ -102,7 +102,7 @@ def token_bucket(tat: int | None, now: int, rate: Rate, cost: int) -> Step:
     One token is worth ``interval`` microseconds; the bucket is full when
     ``tat <= now`` and empty when ``tat - now == tau`` (capacity * interval).
     """
-    interval = rate.window_us // rate.limit
+    interval = rate.interval_us
     tau = rate.capacity * interval
     base = now if tat is None or tat < now else tat
     if cost > rate.capacity:  # never fits, however long the caller waits: say one window

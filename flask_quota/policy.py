@@ -139,7 +139,7 @@ class Decision:
                 o = r.outcome
                 reset = o.reset_us
                 if algorithm is Algorithm.TOKEN_BUCKET:
-                    interval = r.rate.window_us // r.rate.limit
+                    interval = r.rate.interval_us
                     reset = max(self.now_us, reset - delta * interval)
                 outcome = o._replace(remaining=min(o.limit, o.remaining + delta), reset_us=reset)
                 r = replace(r, outcome=outcome)

@@ -56,20 +56,24 @@ class Rate:
     """The window in microseconds, the unit the algorithms count in."""
     capacity: int = field(init=False, repr=False, compare=False)
     """Token bucket size; equals ``limit`` unless a burst is given."""
+    interval_us: int = field(init=False, repr=False, compare=False)
+    """One unit's worth of time (``window_us // limit``): a token bucket's refill step."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "window_us", self.window * US)
         object.__setattr__(self, "capacity", self.limit if self.burst is None else self.burst)
+        # max(): a limit of 0 is refused just below, not by a ZeroDivisionError here.
+        object.__setattr__(self, "interval_us", self.window_us // max(1, self.limit))
         if self.limit <= 0 or self.window <= 0 or (self.burst is not None and self.burst <= 0):
             raise ValueError(f"rate {self!s} must have a positive limit, window and burst")
         if self.window > MAX_WINDOW:
             raise ValueError(f"rate {self!s} has a window longer than 366 days; allowed: {_CAPS}")
         if self.limit > MAX_LIMIT or (self.burst is not None and self.burst > MAX_LIMIT):
             raise ValueError(f"rate {self!s} counts beyond {MAX_LIMIT}; allowed: {_CAPS}")
-        if self.window_us // self.limit < 1:
+        if self.interval_us < 1:
             # Algorithms work in whole microseconds; one unit per microsecond is the ceiling.
             raise ValueError(f"rate {self!s} is faster than one request per microsecond")
-        if self.capacity * (self.window_us // self.limit) > MAX_WINDOW * US:
+        if self.capacity * self.interval_us > MAX_WINDOW * US:
             raise ValueError(
                 f"rate {self!s} would take longer than 366 days to refill a full bucket "
                 f"(lower the burst or raise the rate); allowed: {_CAPS}"

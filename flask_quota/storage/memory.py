@@ -125,11 +125,12 @@ class MemoryStorage:
             if heap and heap[0] <= now // _SLOT_US:
                 self._sweep(now)
             data = self._data
+            get, gate = data.get, block_gate  # locals: read once per check
             reply = [now, 1]
             writes = []  # (key, state, ttl, the stored entry) of each check that allowed
             for key, (step_of, rate, cost, shadow) in zip(keys, shape, strict=True):
-                entry = data.get(key)
-                if entry is None and step_of is block_gate:  # no block: block_gate(None, ...)
+                entry = get(key)
+                if entry is None and step_of is gate:  # no block: what block_gate(None) says
                     reply += (1, 0, now, 0)
                     continue
                 live = entry[0] if entry is not None and entry[1] > now else None
