@@ -23,7 +23,7 @@ from .storage import Check, Storage, Verdict
 from .storage.base import (
     BlockEntry,
     Reply,
-    flat_decider,
+    flat_decide,
     flat_reply,
     keyed,
     shadow_flags,
@@ -70,7 +70,6 @@ class DenyCache:
     ) -> None:
         self.storage = storage
         self.name = storage.name
-        self._decide_flat = flat_decider(storage)
         self._clock = clock
         self._max_keys = max_keys
         self._lock = threading.Lock()
@@ -92,7 +91,7 @@ class DenyCache:
                 if self.on_hit is not None:
                     self.on_hit()
                 return flat_reply(cached)
-        reply = self._decide_flat(checks, keys)
+        reply = flat_decide(self.storage, checks, keys)
         if not reply[1]:
             real = keyed(checks, keys)
             self._remember(real, verdict_of(real, reply), now)

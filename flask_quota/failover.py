@@ -12,7 +12,7 @@ from .breaker import CircuitBreaker
 from .errors import QuotaUnavailable
 from .settings import FailMode
 from .storage import Check, MemoryStorage, Storage, StorageError, Verdict
-from .storage.base import Reply, flat_decider, flat_reply, keyed
+from .storage.base import Reply, flat_decide, flat_reply, keyed
 from .usage import UsageSink, usage_sink
 
 __all__ = ["GuardedStorage", "LocalVerdict"]
@@ -55,7 +55,6 @@ class GuardedStorage:
         self.mode = mode
         self.breaker = breaker
         self.fallback = MemoryStorage() if mode is FailMode.LOCAL else None
-        self._decide_flat = flat_decider(storage)
         if type(storage) is MemoryStorage:
             # An in-process store never fails (it raises no StorageError): its request
             # path skips the breaker, which could never open.
@@ -89,7 +88,7 @@ class GuardedStorage:
         charge_locally = True
         if attempt is not None:
             try:
-                reply = self._decide_flat(checks, keys)
+                reply = flat_decide(self.storage, checks, keys)
             except StorageError as exc:
                 self.breaker.failed(attempt, exc, self.mode.value)
                 charge_locally = attempt.probe

@@ -78,10 +78,11 @@ def reply_headers(route: Route, reply: Sequence[int], mode: HeaderMode) -> list[
     if not enforced or mode is HeaderMode.NONE:
         return []
     shown = -1  # as _shown: the first denial with the longest wait, else the fewest remaining
-    for i in enforced:
-        j = 6 + 4 * i
-        if not reply[j] and (shown < 0 or reply[j + 3] > reply[9 + 4 * shown]):
-            shown = i
+    if not reply[1]:  # some check denied (all_allowed covers every enforced tier)
+        for i in enforced:
+            j = 6 + 4 * i
+            if not reply[j] and (shown < 0 or reply[j + 3] > reply[9 + 4 * shown]):
+                shown = i
     if shown < 0:
         shown = enforced[0]
         fewest, latest = reply[7 + 4 * shown], reply[8 + 4 * shown]
@@ -95,7 +96,7 @@ def reply_headers(route: Route, reply: Sequence[int], mode: HeaderMode) -> list[
         headers: list[tuple[str, str]] = []
     else:
         headers = [
-            ("X-RateLimit-Limit", str(route.limits[shown])),
+            ("X-RateLimit-Limit", route.limit_texts[shown]),
             ("X-RateLimit-Remaining", remaining),
             ("X-RateLimit-Reset", str(-(-reset_us // US))),
             ("X-RateLimit-Resource", route.names[shown]),

@@ -38,8 +38,8 @@ class Route:
     encoding by identity.
     """
 
-    __slots__ = ("calls", "enforced", "labels", "limits", "names", "parts", "plan", "policy",
-                 "shadow", "tiers")  # fmt: skip
+    __slots__ = ("calls", "enforced", "labels", "limit_texts", "limits", "names", "parts",
+                 "plan", "policy", "shadow", "tiers")  # fmt: skip
 
     def __init__(self, plan: Plan, tiers: Sequence[TierCheck], gate: Check) -> None:
         self.plan = plan
@@ -50,6 +50,7 @@ class Route:
         # What the headers show, per tier; only enforced (non-shadow) tiers are shown.
         self.enforced = tuple(i for i, t in enumerate(tiers) if not t.check.shadow)
         self.limits = tuple(shown_limit(t.check) for t in tiers)
+        self.limit_texts = tuple(str(limit) for limit in self.limits)
         self.names = tuple(printable(t.name) for t in tiers)
         self.labels = tuple(sf_string(t.name) for t in tiers)
         self.policy = policy_header(

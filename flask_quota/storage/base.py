@@ -19,7 +19,7 @@ __all__ = [
     "Storage",
     "StorageError",
     "Verdict",
-    "flat_decider",
+    "flat_decide",
     "flat_reply",
     "keyed",
     "shadow_flags",
@@ -79,8 +79,6 @@ Reply = list[int]
 reply): ``[now_us, all_allowed, then per check: allowed, remaining, reset_us,
 retry_us]``, with 1/0 for the flags. No object is made per check."""
 
-FlatDecide = Callable[[Sequence[Check], Sequence[str]], Reply]
-
 
 def flat_reply(verdict: Verdict) -> Reply:
     """``verdict`` as a ``Reply``."""
@@ -123,17 +121,20 @@ def keyed(checks: Sequence[Check], keys: Sequence[str]) -> list[Check]:
     ]
 
 
-def flat_decider(storage: Storage) -> FlatDecide:
-    """``storage.decide_flat`` where the backend has it; otherwise ``decide`` through
-    the converters (Cluster: its per-slot calls need the ``Check`` objects anyway)."""
-    fast: FlatDecide | None = getattr(storage, "decide_flat", None)
+def flat_decide(storage: Storage, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
+    """The request path's storage call: ``checks`` decided on ``keys`` (the checks' own
+    keys are ignored), answered as a flat ``Reply``.
+
+    ``checks`` is a request shape reused across requests, so a backend's own
+    ``decide_flat`` may cache its encoding by identity. A backend without one
+    (Cluster, whose per-slot calls need the ``Check`` objects, or a storage of the
+    app's) is asked through ``decide``. Looked up on every call, not bound once, so
+    a wrapper or a test spy set on the storage later is honoured.
+    """
+    fast = getattr(storage, "decide_flat", None)
     if fast is not None:
-        return fast
-
-    def decide_flat(checks: Sequence[Check], keys: Sequence[str]) -> Reply:
-        return flat_reply(storage.decide(keyed(checks, keys)))
-
-    return decide_flat
+        return fast(checks, keys)  # type: ignore[no-any-return]
+    return flat_reply(storage.decide(keyed(checks, keys)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,9 +188,8 @@ class Storage(Protocol):
         """Charge every check if all of them allow; otherwise charge none.
 
         A backend may also offer ``decide_flat(checks, keys) -> Reply``, the request
-        path's form: the same decision on ``keys`` (``checks``' own keys are
-        ignored), answered as flat integers. ``checks`` is then a request shape
-        reused across requests, which the backend may cache by identity.
+        path's form (see ``flat_decide`` below); one without it is called through
+        ``decide``.
         """
 
     def peek(self, checks: Sequence[Check]) -> Verdict:
