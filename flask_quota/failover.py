@@ -55,9 +55,9 @@ class GuardedStorage:
         self.mode = mode
         self.breaker = breaker
         self.fallback = MemoryStorage() if mode is FailMode.LOCAL else None
-        if type(storage) is MemoryStorage:
-            # An in-process store never fails (it raises no StorageError): its request
-            # path skips the breaker, which could never open.
+        if type(storage) is MemoryStorage and "decide" not in vars(storage):
+            # The in-process store (exactly it: a subclass may fail on purpose) raises
+            # no StorageError: its request path skips the breaker, which could never open.
             self.decide_flat = storage.decide_flat  # type: ignore[method-assign]
 
     @property

@@ -23,8 +23,7 @@ from flask_quota import Quota
 from flask_quota.algorithms import Algorithm
 from flask_quota.breaker import DEFAULT_THRESHOLD
 from flask_quota.rates import parse_rate
-from flask_quota.storage import Check, Storage
-from flask_quota.storage.base import Reply
+from flask_quota.storage import Check, Storage, Verdict
 from flask_quota.storage.redis import RedisStorage
 from tests.servers import RedisServer
 
@@ -212,18 +211,17 @@ def test_hung_redis_costs_a_request_at_most_the_storage_timeout(
 
 
 class CountingDecide:
-    """Wraps the real ``decide_flat`` of a storage (the request path's storage call)
-    and remembers when it was called."""
+    """Wraps the real ``decide`` of a storage and remembers when it was called."""
 
-    def __init__(self, decide: Callable[[Sequence[Check], Sequence[str]], Reply]) -> None:
+    def __init__(self, decide: Callable[[Sequence[Check]], Verdict]) -> None:
         self.decide = decide
         self.calls: list[float] = []
         self._lock = threading.Lock()
 
-    def __call__(self, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
+    def __call__(self, checks: Sequence[Check]) -> Verdict:
         with self._lock:
             self.calls.append(time.monotonic())
-        return self.decide(checks, keys)
+        return self.decide(checks)
 
 
 def test_breaker_probes_dead_redis_once_per_cooldown_and_logs_once(
@@ -237,8 +235,8 @@ def test_breaker_probes_dead_redis_once_per_cooldown_and_logs_once(
     caplog.set_level(logging.INFO, logger="flask_quota")
     client = quota_app(app, own_redis, "open")
     state = app.extensions["quota"]
-    spy = CountingDecide(state.storage.decide_flat)
-    monkeypatch.setattr(state.storage, "decide_flat", spy)
+    spy = CountingDecide(state.storage.decide)
+    monkeypatch.setattr(state.storage, "decide", spy)
     cooldown = state.settings.breaker_cooldown
     assert cooldown == 1.0  # QUOTA_BREAKER_COOLDOWN's default
 

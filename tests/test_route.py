@@ -7,6 +7,8 @@ demands identical keys, decisions and header bytes.
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Flask
 from hypothesis import given
 from hypothesis import strategies as st
@@ -17,11 +19,11 @@ from flask_quota.headers import rate_limit_headers, reply_headers
 from flask_quota.keys import KeyBuilder
 from flask_quota.plans import LimitMode, Plan, PlanCatalog
 from flask_quota.policy import Decision, LimitSpec, Policy, gate_check
-from flask_quota.rates import parse_rates
+from flask_quota.rates import Rate, parse_rates
 from flask_quota.route import build_route
 from flask_quota.settings import HeaderMode
 from flask_quota.state import get_state
-from flask_quota.storage import MemoryStorage
+from flask_quota.storage import Check, MemoryStorage
 from flask_quota.storage.base import flat_reply, verdict_of
 from flask_quota.testing import FrozenClock
 
@@ -183,3 +185,37 @@ def test_current_decision_on_the_fast_path() -> None:
     decision = seen[0]
     assert decision is not None and decision.allowed
     assert [(r.name, r.outcome.remaining) for r in decision.results][-1] == ("r", 2)
+
+
+def test_a_storage_that_overrides_decide_is_asked_through_it() -> None:
+    """The request path uses ``decide_flat`` only where it decides as ``decide`` does: a
+    subclass's own ``decide`` (here, failing on purpose) is still what answers."""
+    from flask_quota.storage import StorageError
+
+    class Failing(MemoryStorage):
+        def decide(self, checks: Any) -> Any:
+            raise StorageError("failing on purpose")
+
+    app = Flask(__name__)
+    app.config.update(QUOTA_DATABASE_URL="sqlite://", QUOTA_FAIL_MODE="closed")
+    quota = Quota(app, storage=Failing(clock=FrozenClock()))
+
+    @app.get("/r")
+    @quota.limit("3/minute")
+    def r() -> str:
+        return "ok"
+
+    assert app.test_client().get("/r").status_code == 503
+
+
+def test_memory_files_a_key_shared_by_two_checks_in_one_slot() -> None:
+    """Two checks of one call on the same key: the key ends in exactly one expiry slot,
+    so no sweep can drop its live state."""
+    clock = FrozenClock()
+    storage = MemoryStorage(clock=clock)
+    tb = Algorithm.TOKEN_BUCKET
+    checks = [Check("k", tb, Rate(10, 60), 1), Check("k", tb, Rate(10, 120), 1)]
+    for _ in range(3):
+        assert storage.decide(checks).allowed
+        clock.advance(3)
+    assert sum("k" in keys for keys in storage._slots.values()) == 1

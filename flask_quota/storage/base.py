@@ -126,15 +126,27 @@ def flat_decide(storage: Storage, checks: Sequence[Check], keys: Sequence[str]) 
     keys are ignored), answered as a flat ``Reply``.
 
     ``checks`` is a request shape reused across requests, so a backend's own
-    ``decide_flat`` may cache its encoding by identity. A backend without one
-    (Cluster, whose per-slot calls need the ``Check`` objects, or a storage of the
-    app's) is asked through ``decide``. Looked up on every call, not bound once, so
-    a wrapper or a test spy set on the storage later is honoured.
+    ``decide_flat`` may cache its encoding by identity. The storage is asked
+    through ``decide`` instead when its ``decide_flat`` would skip a ``decide`` of
+    its own: a backend without one (Cluster, whose per-slot calls need the
+    ``Check`` objects), a subclass that overrides ``decide`` (an app's logging or
+    fault injection) or a ``decide`` set on the instance (a test's spy).
     """
     fast = getattr(storage, "decide_flat", None)
-    if fast is not None:
-        return fast(checks, keys)  # type: ignore[no-any-return]
+    if fast is not None and _flat_is_decide(type(storage)):
+        own = getattr(storage, "__dict__", None)
+        if not own or "decide" not in own:
+            return fast(checks, keys)  # type: ignore[no-any-return]
     return flat_reply(storage.decide(keyed(checks, keys)))
+
+
+@functools.lru_cache(maxsize=64)
+def _flat_is_decide(cls: type) -> bool:
+    """True when ``cls.decide`` is defined where ``cls.decide_flat`` is, or above it:
+    then ``decide_flat`` decides exactly as ``decide`` does."""
+    flat_owner = next(k for k in cls.__mro__ if "decide_flat" in vars(k))
+    decide_owner = next((k for k in cls.__mro__ if "decide" in vars(k)), object)
+    return issubclass(flat_owner, decide_owner)
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,7 +127,7 @@ class MemoryStorage:
             data = self._data
             get, gate = data.get, block_gate  # locals: read once per check
             reply = [now, 1]
-            writes = []  # (key, state, ttl, the stored entry) of each check that allowed
+            writes = []  # (key, state, ttl) of each check that allowed
             for key, (step_of, rate, cost, shadow) in zip(keys, shape, strict=True):
                 entry = get(key)
                 if entry is None and step_of is gate:  # no block: what block_gate(None) says
@@ -138,16 +138,18 @@ class MemoryStorage:
                 reply += (1 if allowed else 0, remaining, reset, retry)
                 if allowed:  # a shadow check that would deny is not charged
                     if ttl > 0 or entry is not None:  # else: nothing stored, nothing to drop
-                        writes.append((key, state, ttl, entry))
+                        writes.append((key, state, ttl))
                 elif not shadow:
                     reply[1] = 0
             if commit and reply[1]:
                 slots = self._slots
-                for key, state, ttl, old in writes:
+                for key, state, ttl in writes:
                     if ttl <= 0:
                         self._drop(key)
                         continue
                     expires = now + ttl
+                    # Read again, not taken from the loop above: two checks may share a key.
+                    old = get(key)
                     data[key] = (state, expires)
                     # Keys expire in one-second slots: re-file the key only when its slot moves.
                     slot = expires // _SLOT_US + 1
