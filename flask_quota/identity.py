@@ -34,9 +34,14 @@ def client_ip(remote_addr: str | None) -> str:
     Werkzeug's ``ProxyFix``, so a client's own ``X-Forwarded-For`` changes nothing.
     """
     if remote_addr is not None and _CANONICAL_IPV4.fullmatch(remote_addr):
-        return remote_addr  # what the parsing below would return for it
+        return remote_addr  # what parsed_ip() would return for it
+    return parsed_ip(remote_addr or "")
+
+
+def parsed_ip(remote_addr: str) -> str:
+    """``client_ip`` by parsing the address (the path for all but canonical dotted quads)."""
     try:
-        address = ipaddress.ip_address((remote_addr or "").split("%", 1)[0])
+        address = ipaddress.ip_address(remote_addr.split("%", 1)[0])
     except ValueError:
         return "unknown"
     if isinstance(address, ipaddress.IPv6Address):
