@@ -184,3 +184,31 @@ def test_connections_connect_the_way_their_class_does(redis_server: RedisServer)
         assert storage.decide([check]).outcomes[0].remaining == 9
     finally:
         storage.close()
+
+
+@pytest.mark.parametrize("rate_text", ["3/second", "1000000/366 days", "1/second; burst=31622400"])
+def test_the_arguments_reach_the_script_as_they_are_meant(
+    redis_server: RedisServer, rate_text: str
+) -> None:
+    """The rate's numbers travel in hexadecimal and the cost in decimal: the largest
+    rates, a cost that never fits and a negative cost (the dashboard's refund) are
+    decided as memory decides them, step for step."""
+    from flask_quota.storage import MemoryStorage
+    from flask_quota.testing import FrozenClock
+
+    redis_server.client().flushall()
+    clock = FrozenClock(1_700_000_123.456789)
+    memory = MemoryStorage(clock)
+    remote = RedisStorage(redis.Redis(port=redis_server.port), clock=clock)
+    rate, wide = parse_rate(rate_text), parse_rate("1000/second")
+    try:
+        for cost in (1, 2, -1, 0, 10**20, -2, 1):
+            checks = [Check("k", TB, rate, cost), Check("j", Algorithm.FIXED_WINDOW, wide, 1)]
+            assert remote.decide(checks) == memory.decide(checks), cost
+            clock.now_us += 1000
+        # Charged 1 + 2 - 1 - 2 + 1 = 1 (the cost that never fits was not charged);
+        # a peek of 1 more leaves capacity - 2.
+        after = remote.peek([Check("k", TB, rate, 1)]).outcomes[0].remaining
+        assert after == rate.capacity - 2
+    finally:
+        remote.close()

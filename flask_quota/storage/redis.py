@@ -22,6 +22,7 @@ __all__ = [
     "SCRIPT",
     "SHADOW_MARK",
     "RedisStorage",
+    "check_args",
     "decide_args",
     "read_blocks",
 ]
@@ -57,13 +58,25 @@ SHADOW_MARK = "~"  # before a check's algorithm code in decide.lua's ARGV: a sha
 
 
 def decide_args(checks: Sequence[Check], mode: str, now_arg: Any) -> list[Any]:
-    """ARGV of ``decide.lua``; a shadow check's code carries ``SHADOW_MARK`` ("~tb")."""
+    """ARGV of ``decide.lua``: ``check_args`` of each check after ``mode`` and ``now_arg``."""
     args: list[Any] = [mode, now_arg]
     for check in checks:
-        rate, code = check.rate, check.algorithm.code
-        args += [SHADOW_MARK + code if check.shadow else code, rate.limit, rate.window_us]
-        args += [rate.capacity, check.cost]
+        args += check_args(check)
     return args
+
+
+def check_args(check: Check) -> list[str]:
+    """One check's five arguments to ``decide.lua``. A shadow check's code carries
+    ``SHADOW_MARK`` ("~tb"). The rate's numbers are hexadecimal: Lua reads a base-16
+    number with ``strtoul``, a decimal one with ``strtod``, which cost the script
+    about a tenth of its instructions for these numbers. The cost stays decimal: it
+    may be negative (a refund), which ``strtoul`` would wrap around."""
+    rate, code = check.rate, check.algorithm.code
+    return [
+        SHADOW_MARK + code if check.shadow else code,
+        *(f"{n:x}" for n in (rate.limit, rate.window_us, rate.capacity)),
+        str(check.cost),
+    ]
 
 
 def refund_args(checks: Sequence[Check], now_arg: Any, charged_at_us: int) -> list[Any]:
@@ -249,14 +262,11 @@ class _ScriptCall:
         return self._encode(check) if found is None else found[2]
 
     def _encode(self, check: Check) -> bytes:
-        rate, algorithm = check.rate, check.algorithm
-        code = SHADOW_MARK + algorithm.code if check.shadow else algorithm.code
-        values = (code, rate.limit, rate.window_us, rate.capacity, check.cost)
-        encoded = b"".join(_bulk(str(v).encode()) for v in values)
+        encoded = b"".join(_bulk(arg.encode()) for arg in check_args(check))
         if len(self._args) >= 4096:  # costs from a callable can be many: stay bounded
             self._args.clear()
-        key = (id(rate), id(algorithm), check.cost, check.shadow)
-        self._args[key] = (rate, algorithm, encoded)
+        key = (id(check.rate), id(check.algorithm), check.cost, check.shadow)
+        self._args[key] = (check.rate, check.algorithm, encoded)
         return encoded
 
     def __call__(self, packed: bytes) -> Any:

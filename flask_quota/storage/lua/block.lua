@@ -1,7 +1,8 @@
 -- A block gate: denies while the caller's block key lives; never writes.
 -- Mirrors flask_quota.algorithms.block_gate (the key's TTL is the rest of the block).
-local function block_gate(key, now, limit, window, capacity, cost)
+-- Takes no rate: decide.lua does not parse the gate's arguments.
+local function block_gate(key, now)
   local ttl = redis.call('PTTL', key)
-  if ttl > 0 then return {0, 0, now + ttl * 1000, ttl * 1000} end
-  return {1, 0, now, 0, function() end}
+  if ttl > 0 then return 0, 0, now + ttl * 1000, ttl * 1000 end
+  return 1, 0, now, 0
 end

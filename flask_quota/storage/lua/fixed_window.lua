@@ -1,5 +1,5 @@
 -- Counter per epoch-aligned window, stored as "start:count".
--- Mirrors flask_quota.algorithms.fixed_window.
+-- Mirrors flask_quota.algorithms.fixed_window. Returns as decide.lua reads it (see there).
 local function fixed_window(key, now, limit, window, capacity, cost)
   local start = now - now % window
   local count = fixed_count(key, start)
@@ -9,11 +9,11 @@ local function fixed_window(key, now, limit, window, capacity, cost)
     local reset = now
     local ttl = 0
     if used > 0 then reset = finish; ttl = finish - now end
-    return {1, limit - used, reset, 0, function() put(key, fmt(start) .. ':' .. fmt(used), ttl) end}
+    return 1, limit - used, reset, 0, fmt(start) .. ':' .. fmt(used), ttl
   end
   local reset = now
   if count > 0 then reset = finish end
   local retry = window
   if cost <= limit then retry = finish - now end
-  return {0, limit - count, reset, retry}
+  return 0, limit - count, reset, retry
 end

@@ -1,5 +1,5 @@
 -- Weighted previous + current window counts, stored as "start:prev:cur".
--- Mirrors flask_quota.algorithms.sliding_window_counter.
+-- Mirrors flask_quota.algorithms.sliding_window_counter. Returns as decide.lua reads it.
 
 -- floor(a * b / c) and the remainder, exact for integers 0 <= a <= c < 2^52 and
 -- 0 <= b < 2^53, where a * b itself may pass 2^53 (doubles are exact below it).
@@ -52,7 +52,7 @@ local function sliding_window_counter(key, now, limit, window, capacity, cost)
     local new_cur = cur + cost
     local reset = reset_at(new_cur)
     local value = fmt(start) .. ':' .. fmt(prev) .. ':' .. fmt(new_cur)
-    return {1, limit - weighted - new_cur, reset, 0, function() put(key, value, reset - now) end}
+    return 1, limit - weighted - new_cur, reset, 0, value, reset - now
   end
   local retry
   local need = limit - cur - cost
@@ -63,5 +63,5 @@ local function sliding_window_counter(key, now, limit, window, capacity, cost)
   else
     retry = math.max(1, start + 2 * window - muldiv(limit - cost, window, cur) - now)
   end
-  return {0, math.max(0, limit - weighted - cur), reset_at(cur), retry}
+  return 0, math.max(0, limit - weighted - cur), reset_at(cur), retry
 end

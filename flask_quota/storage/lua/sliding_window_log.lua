@@ -1,5 +1,6 @@
 -- One list entry per unit of cost, oldest first.
--- Mirrors flask_quota.algorithms.sliding_window_log.
+-- Mirrors flask_quota.algorithms.sliding_window_log. Returns as decide.lua reads it; its
+-- write is a function (trim, push, expire), not one value to SET.
 local function sliding_window_log(key, now, limit, window, capacity, cost)
   local entries = redis.call('LRANGE', key, 0, -1)
   local live = {}
@@ -14,7 +15,7 @@ local function sliding_window_log(key, now, limit, window, capacity, cost)
     if cost == 0 then last = live[count] end
     local reset = now
     if last ~= nil then reset = last + window end
-    return {1, limit - count - cost, reset, 0, function()
+    return 1, limit - count - cost, reset, 0, function()
       if dropped > 0 then redis.call('LTRIM', key, dropped, -1) end
       local left = cost
       while left > 0 do -- unpack() returns at most ~8000 values: push in chunks
@@ -28,11 +29,11 @@ local function sliding_window_log(key, now, limit, window, capacity, cost)
       else
         redis.call('PEXPIRE', key, math.ceil((reset - now) / 1000))
       end
-    end}
+    end
   end
   local reset = now
   if count > 0 then reset = live[count] + window end
   local retry = window
   if cost <= limit then retry = live[count + cost - limit] + window - now end
-  return {0, limit - count, reset, retry}
+  return 0, limit - count, reset, retry
 end

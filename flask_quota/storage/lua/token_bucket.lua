@@ -1,5 +1,5 @@
 -- GCRA token bucket: one "theoretical arrival time" per key.
--- Mirrors flask_quota.algorithms.token_bucket.
+-- Mirrors flask_quota.algorithms.token_bucket. Returns as decide.lua reads it (see there).
 local function token_bucket(key, now, limit, window, capacity, cost)
   local interval = math.floor(window / limit)
   local tau = capacity * interval
@@ -7,13 +7,13 @@ local function token_bucket(key, now, limit, window, capacity, cost)
   local base = now
   if tat ~= nil and tat > now then base = tat end
   if cost > capacity then -- never fits, however long the caller waits: say one window
-    return {0, math.floor((tau - (base - now)) / interval), base, window}
+    return 0, math.floor((tau - (base - now)) / interval), base, window
   end
   local new_tat = base + cost * interval
   if new_tat - now <= tau then
     local remaining = math.floor((tau - (new_tat - now)) / interval)
-    return {1, remaining, new_tat, 0, function() put(key, fmt(new_tat), new_tat - now) end}
+    return 1, remaining, new_tat, 0, fmt(new_tat), new_tat - now
   end
   local remaining = math.floor((tau - (base - now)) / interval)
-  return {0, remaining, base, new_tat - tau - now}
+  return 0, remaining, base, new_tat - tau - now
 end
