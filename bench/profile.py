@@ -16,7 +16,9 @@ rotating over 1,000 identities) called straight through ``app.wsgi_app``:
 
 Cases: bare, hook (empty before_request), floor (one EVALSHA of
 ``compare.FLOOR_SCRIPT``), mem (flask-quota on memory://), redis (flask-quota on
-Redis). Redis cases start their own redis-server.
+Redis), redis-pyparser (the same with redis-py's pure-Python reply parser instead
+of hiredis: the difference is what hiredis saves). Redis cases start their own
+redis-server.
 """
 
 from __future__ import annotations
@@ -34,13 +36,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 
 from flask import Flask
+from redis._parsers import _RESP2Parser
 
 from .apps import bare_app, quota_app
 from .compare import floor_app, hook_app
 from .driver import WsgiDriver, caller_sequence
 from .env import redis_server
 
-CASES = ("bare", "hook", "floor", "mem", "redis")
+CASES = ("bare", "hook", "floor", "mem", "redis", "redis-pyparser")
+REDIS_CASES = ("floor", "redis", "redis-pyparser")
 MARK = "functools_reduce"  # the C function callgrind collects inside
 
 
@@ -55,12 +59,19 @@ def make_app(case: str, url: str, callers: list[tuple[str, str]]) -> Flask:
         return quota_app("memory://")
     if case == "redis":
         return quota_app(url)
+    if case == "redis-pyparser":
+        app = quota_app(url)
+        storage = app.extensions["quota"].storage
+        storage = getattr(storage, "storage", storage)  # inside the deny cache
+        # Connections are made on first use, from these arguments.
+        storage.client.connection_pool.connection_kwargs["parser_class"] = _RESP2Parser
+        return app
     raise ValueError(f"unknown case {case!r}; use one of {', '.join(CASES)}")
 
 
 @contextmanager
 def _server(case: str, url: str | None) -> Iterator[str]:
-    if url is not None or case not in ("floor", "redis"):
+    if url is not None or case not in REDIS_CASES:
         yield url or ""
     else:
         with redis_server() as started:
@@ -144,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.count is not None:
         run_count(ns.cases[0], ns.url, ns.count)
         return 0
-    needs_redis = any(c in ("floor", "redis") for c in ns.cases)
+    needs_redis = any(c in REDIS_CASES for c in ns.cases)
     with _server("redis", ns.url) if needs_redis else nullcontext("") as url:
         for case in ns.cases:
             if ns.cprofile:
