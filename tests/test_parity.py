@@ -464,6 +464,25 @@ def test_refund_and_charge_agree_across_backends(
     assert seen[0] == seen[1]
 
 
+def test_a_charge_past_what_lua_can_unpack_agrees_across_backends(
+    redis_client: redis.Redis,
+) -> None:
+    """quota.charge(20000) on a sliding log pushes 20,000 entries: Lua's unpack()
+    returns at most about 8,000 values, so Redis pushes them in chunks and ends
+    where memory does."""
+    rate = parse_rate("10/minute")
+    key = "quota:{id=t}:e:GET:big:swl"
+    seen = []
+    for make in (MemoryStorage, lambda c: RedisStorage(redis_client, clock=c)):
+        clock = FrozenClock()
+        store: Storage = make(clock)
+        store.charge([Check(key, Algorithm.SLIDING_WINDOW_LOG, rate, 20_000)])
+        seen.append(store.peek([Check(key, Algorithm.SLIDING_WINDOW_LOG, rate, 1)]).outcomes[0])
+    assert seen[0].allowed is False and seen[0].remaining == 10 - 20_000
+    assert seen[0] == seen[1]
+    assert redis_client.llen(key) == 20_000
+
+
 # -- signals ---------------------------------------------------------------------
 
 

@@ -29,9 +29,7 @@ local function charge_log(key, limit, window, cost)
     if ts == nil or ts <= now - window then dropped = dropped + 1 else break end
   end
   if dropped > 0 then redis.call('LTRIM', key, dropped, -1) end
-  local args = {}
-  for i = 1, cost do args[i] = fmt(now) end
-  redis.call('RPUSH', key, unpack(args))
+  push_times(key, now, cost)
   redis.call('PEXPIRE', key, math.ceil(window / 1000))
 end
 

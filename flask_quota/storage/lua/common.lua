@@ -12,6 +12,18 @@ local function put(key, value, ttl)
   end
 end
 
+-- Append n copies of the time now to the list at key. unpack() returns at most
+-- about 8,000 values, so a large n is pushed in chunks.
+local function push_times(key, now, n)
+  local stamp = fmt(now)
+  while n > 0 do
+    local args = {}
+    for i = 1, math.min(n, 1000) do args[i] = stamp end
+    redis.call('RPUSH', key, unpack(args))
+    n = n - #args
+  end
+end
+
 -- The script's clock: ARGV's integer microsecond time (tests only) or, when it is
 -- "", the Redis server's. Effects replication first, so writes may follow TIME.
 local function script_now(arg)

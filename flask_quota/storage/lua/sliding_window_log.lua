@@ -17,13 +17,7 @@ local function sliding_window_log(key, now, limit, window, capacity, cost)
     if last ~= nil then reset = last + window end
     return 1, limit - count - cost, reset, 0, function()
       if dropped > 0 then redis.call('LTRIM', key, dropped, -1) end
-      local left = cost
-      while left > 0 do -- unpack() returns at most ~8000 values: push in chunks
-        local args = {}
-        for i = 1, math.min(left, 1000) do args[i] = fmt(now) end
-        redis.call('RPUSH', key, unpack(args))
-        left = left - #args
-      end
+      push_times(key, now, cost)
       if reset - now <= 0 then
         redis.call('DEL', key)
       else
