@@ -68,9 +68,9 @@ def decide_args(checks: Sequence[Check], mode: str, now_arg: Any) -> list[Any]:
 def check_args(check: Check) -> list[str]:
     """One check's five arguments to ``decide.lua``. A shadow check's code carries
     ``SHADOW_MARK`` ("~tb"). The rate's numbers are hexadecimal: Lua reads a base-16
-    number with ``strtoul``, a decimal one with ``strtod``, which cost the script
-    about a tenth of its instructions for these numbers. The cost stays decimal: it
-    may be negative (a refund), which ``strtoul`` would wrap around."""
+    number with ``strtoul`` and a decimal one with ``strtod``, which cost about a
+    twentieth of the script's instructions for these numbers. The cost stays
+    decimal: it may be negative (a refund), which ``strtoul`` would wrap around."""
     rate, code = check.rate, check.algorithm.code
     return [
         SHADOW_MARK + code if check.shadow else code,
