@@ -425,3 +425,54 @@ def test_a_shadow_denial_in_one_slot_is_no_denial(flushed: Cluster) -> None:
         assert storage.refund_failures == 0
     finally:
         storage.close()
+
+
+def test_charge_when_and_charge_on_a_key_bucket_in_its_own_slot(
+    flushed: Cluster, app: Flask
+) -> None:
+    """An endpoint tier shared by ``key=`` (a team) lives in the team's slot, not the
+    caller's: ``charge_when`` gives a failed request's unit back there and
+    ``quota.charge`` adds to it there, while the caller's own tier keeps every
+    request's unit."""
+    from flask import request
+
+    from flask_quota import Identity, Quota
+
+    app.config.update(
+        QUOTA_STORAGE_URL=flushed.url,
+        QUOTA_STORAGE_TIMEOUT=0.5,
+        QUOTA_DATABASE_URL=f"sqlite:///{app.instance_path}/quota.sqlite3",
+        QUOTA_PLANS={"free": {"user": f"100/{WEEK}", "resources": {"team": f"50/{WEEK}"}}},
+        QUOTA_ALGORITHM="fixed_window",
+        QUOTA_DENY_CACHE=False,
+    )
+    quota = Quota(app)
+
+    @quota.identity_loader
+    def caller() -> Identity:
+        return Identity(request.headers["X-Client"])
+
+    @app.get("/team")
+    @quota.limit(
+        resource="team",
+        key=lambda: request.headers["X-Team"],
+        charge_when=lambda response: response.status_code < 400,
+    )
+    def team() -> tuple[str, int]:
+        extra = int(request.args.get("extra", 0))
+        if extra:
+            quota.charge(extra)
+        return ("no", 500) if request.args.get("fail") else ("ok", 200)
+
+    client = app.test_client()
+    asked = ["", "?fail=1", "", "?extra=3", "?fail=1&extra=7"]
+    for query in asked:
+        client.get(f"/team{query}", headers={"X-Client": "ann", "X-Team": "blue"})
+    keys = KeyBuilder("quota")
+    team_key = keys.endpoint_key(keys.key_tag("blue"), "GET", "team", Algorithm.FIXED_WINDOW)
+    user_key = keys.user_key(keys.identity_tag("ann"), Algorithm.FIXED_WINDOW)
+    assert key_slot(team_key.encode()) != key_slot(user_key.encode())
+    # 3 admitted units that counted, 3 charged on top; the failures' units and the
+    # charge made by a failed request are void.
+    assert _raw(flushed, team_key).endswith(b":6")
+    assert _raw(flushed, user_key).endswith(b":5")  # every request, failed or not
