@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from .algorithms import Algorithm
@@ -48,7 +49,8 @@ class Plan:
     given here is taken as ``Rates`` of one. ``modes`` holds each limit's
     ``LimitMode`` by ``(tier, resource)`` (``("user", "")``,
     ``("endpoint", "search")``); a limit missing there is enforced on
-    ``QUOTA_ALGORITHM``.
+    ``QUOTA_ALGORITHM``. A plan is a value: ``resources`` and ``modes`` are
+    read-only copies of what it was given (``dataclasses.replace`` makes another).
     """
 
     name: str
@@ -64,9 +66,12 @@ class Plan:
             value: Rate | Rates | None = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, parse_rates(value))
-        if any(not isinstance(r, Rates) for r in self.resources.values()):
-            resources = {k: parse_rates(v) for k, v in self.resources.items()}
-            object.__setattr__(self, "resources", resources)
+        # Copies behind read-only views: a plan is a value (requests cache what they
+        # derive from it by identity, see route.py), so editing the dicts it was made
+        # from, or its own, must not change it.
+        resources = {k: parse_rates(v) for k, v in self.resources.items()}
+        object.__setattr__(self, "resources", MappingProxyType(resources))
+        object.__setattr__(self, "modes", MappingProxyType(dict(self.modes)))
 
     def rate_for(self, tier: Tier, resource: str | None = None) -> Rates | None:
         if tier is Tier.GLOBAL:

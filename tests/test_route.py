@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from flask import Flask
 from hypothesis import given
 from hypothesis import strategies as st
@@ -26,6 +27,7 @@ from flask_quota.state import get_state
 from flask_quota.storage import Check, MemoryStorage
 from flask_quota.storage.base import flat_reply, verdict_of
 from flask_quota.testing import FrozenClock
+from flask_quota.tiers import Tier
 
 PLAN = Plan(
     "p",
@@ -165,6 +167,25 @@ def test_routes_are_cached_per_catalog_and_rebuilt_when_it_changes() -> None:
     # new id after the old plan was freed) gets a route of its own: entries hold their plan.
     other = Plan("p", global_rate="1/second")
     assert state.route(new, other, "view", "GET", spec, "view", 1).plan is other
+
+
+def test_a_plan_is_a_value_its_callers_dicts_cannot_change() -> None:
+    """Routes are cached by plan object, so a plan must not change under them: the
+    dicts it was made from are copied, and its own are read-only."""
+    resources: dict[str, Any] = {"search": "5/minute"}
+    modes = {("user", ""): LimitMode(shadow=True)}
+    plan = Plan("p", user_rate="10/minute", resources=resources, modes=modes)
+    resources["search"] = "500/minute"
+    resources["other"] = "1/minute"
+    modes[("user", "")] = LimitMode()
+    assert dict(plan.resources) == {"search": parse_rates("5/minute")}
+    assert plan.mode_for(Tier.USER).shadow
+    with pytest.raises(TypeError):
+        plan.resources["search"] = parse_rates("1/second")  # type: ignore[index]
+    with pytest.raises(TypeError):
+        plan.modes[("user", "")] = LimitMode()  # type: ignore[index]
+    assert Plan("p", user_rate="10/minute", resources={"search": "5/minute"}, modes={
+        ("user", ""): LimitMode(shadow=True)}) == plan  # fmt: skip
 
 
 def test_current_decision_on_the_fast_path() -> None:
