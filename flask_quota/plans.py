@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
@@ -72,6 +72,11 @@ class Plan:
         resources = {k: parse_rates(v) for k, v in self.resources.items()}
         object.__setattr__(self, "resources", MappingProxyType(resources))
         object.__setattr__(self, "modes", MappingProxyType(dict(self.modes)))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled and deep-copied through plain dicts: a mappingproxy is neither.
+        values = (getattr(self, f.name) for f in fields(self))
+        return (Plan, tuple(dict(v) if isinstance(v, MappingProxyType) else v for v in values))
 
     def rate_for(self, tier: Tier, resource: str | None = None) -> Rates | None:
         if tier is Tier.GLOBAL:

@@ -7,6 +7,9 @@ demands identical keys, decisions and header bytes.
 
 from __future__ import annotations
 
+import copy
+import pickle
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -186,6 +189,9 @@ def test_a_plan_is_a_value_its_callers_dicts_cannot_change() -> None:
         plan.modes[("user", "")] = LimitMode()  # type: ignore[index]
     assert Plan("p", user_rate="10/minute", resources={"search": "5/minute"}, modes={
         ("user", ""): LimitMode(shadow=True)}) == plan  # fmt: skip
+    # Still copied and pickled like any dataclass (an app's config may hold plans).
+    assert copy.deepcopy(plan) == plan and pickle.loads(pickle.dumps(plan)) == plan
+    assert isinstance(copy.deepcopy(plan).resources, MappingProxyType)
 
 
 def test_current_decision_on_the_fast_path() -> None:
