@@ -62,10 +62,9 @@ class Rate:
     def __post_init__(self) -> None:
         object.__setattr__(self, "window_us", self.window * US)
         object.__setattr__(self, "capacity", self.limit if self.burst is None else self.burst)
-        # max(): a limit of 0 is refused just below, not by a ZeroDivisionError here.
-        object.__setattr__(self, "interval_us", self.window_us // max(1, self.limit))
         if self.limit <= 0 or self.window <= 0 or (self.burst is not None and self.burst <= 0):
             raise ValueError(f"rate {self!s} must have a positive limit, window and burst")
+        object.__setattr__(self, "interval_us", self.window_us // self.limit)
         if self.window > MAX_WINDOW:
             raise ValueError(f"rate {self!s} has a window longer than 366 days; allowed: {_CAPS}")
         if self.limit > MAX_LIMIT or (self.burst is not None and self.burst > MAX_LIMIT):
