@@ -20,7 +20,7 @@ PLOT = 70  # px of plot per panel
 GAP = 14  # px between one panel's plot and the next panel's title
 PANEL_HEIGHT = TITLE + PLOT + GAP
 AXIS = 12  # px added under the last panel's gap, for the time labels
-LABEL_GAP = 13  # px between the "allowed" and "denied" end labels (12 px text)
+LABEL_GAP = 15  # px between the end labels' baselines: a 12 px line box is 14 px tall
 TICK_MINUTES = 10
 
 
@@ -91,15 +91,18 @@ def _label_ys(
     allowed: tuple[int, float], denied: tuple[int, float], plot_top: int
 ) -> tuple[float, float]:
     """Baselines for the two end labels: beside their line ends, never overlapping each
-    other and never outside the panel (a label below the last panel was clipped)."""
-    a, d = allowed[1] + 4, denied[1] + 4  # +4: text centred on the point
-    if abs(a - d) < LABEL_GAP:  # same height: the larger count's label goes on top
-        mid = (a + d) / 2
+    other and never outside the panel (a label below the last panel would run into the
+    time axis; one above the first was clipped)."""
+    low, high = plot_top + 8, plot_top + PLOT + 4
+    # +4: text centred on the point; each label is kept in the panel on its own first,
+    # so a label clamped at one edge cannot push the other one out at the far edge.
+    a = min(max(allowed[1] + 4, low), high)
+    d = min(max(denied[1] + 4, low), high)
+    if abs(a - d) < LABEL_GAP:  # side by side: the larger count's label goes on top
+        mid = min(max((a + d) / 2, low + LABEL_GAP / 2), high - LABEL_GAP / 2)
         upper, lower = mid - LABEL_GAP / 2, mid + LABEL_GAP / 2
         a, d = (upper, lower) if allowed[0] >= denied[0] else (lower, upper)
-    low, high = plot_top + 8, plot_top + PLOT + 4
-    shift = max(0.0, max(a, d) - high) - max(0.0, low - min(a, d))
-    return a - shift, d - shift
+    return a, d
 
 
 def time_ticks(minutes: list[int]) -> tuple[Tick, ...]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flask import Flask
+from flask import Flask, render_template
 from playwright.sync_api import (
     Browser,
     BrowserContext,
@@ -512,6 +512,50 @@ def test_plans_matrix_create_set_remove_and_delete(demo: Demo, page: Page) -> No
         expect(page.locator("#audit")).to_contain_text(action)
 
 
+def text_boxes(page: Page) -> list[tuple[str, float, float, float, float]]:
+    """Every text of the open SVG with its box as Chromium lays it out."""
+    boxes: list[tuple[str, float, float, float, float]] = page.evaluate(
+        """() => Array.from(document.querySelectorAll("text")).map((t) => {
+            const b = t.getBBox();
+            return [t.textContent, b.x, b.y, b.width, b.height];
+        })"""
+    )
+    return boxes
+
+
+def assert_labels_apart(boxes: list[tuple[str, float, float, float, float]]) -> None:
+    for i, (a, ax, ay, aw, ah) in enumerate(boxes):
+        for b, bx, by, bw, bh in boxes[i + 1 :]:
+            apart = ax + aw <= bx or bx + bw <= ax or ay + ah <= by or by + bh <= ay
+            assert apart, f"{a!r} overlaps {b!r}"
+
+
+@pytest.mark.parametrize("phase", range(10))
+def test_chart_labels_stay_apart_whatever_the_minute(demo: Demo, page: Page, phase: int) -> None:
+    """The last hour ends on the current minute, so a tick can fall on the plot's right
+    edge (at 18:20, say), beside the end labels; no label may overlap another at any
+    minute of the ten-minute cycle, whatever the counts."""
+    from dashboard import chart
+
+    end = 29_000_000 + phase  # an epoch minute that is a multiple of 10, plus the phase
+    minutes = list(range(end - 59, end + 1))
+    flat = [0] * 60
+    series = {  # the last panel's allowed count is its axis's top: its label is clamped
+        "endpoint": {"allowed": [*flat[:-1], 5], "denied": [*flat[:-1], 2]},
+        "ip": {"allowed": flat, "denied": flat},
+        "user": {"allowed": [*flat[:-1], 5], "denied": flat},
+    }
+    with demo.app.test_request_context():
+        svg = render_template(
+            "quota/chart.svg", chart=chart.build(series, minutes), title="t", unavailable=None
+        )
+    page.set_content(svg)
+    boxes = text_boxes(page)
+    times = [box[0] for box in boxes if re.fullmatch(r"\d\d:\d\d", box[0])]
+    assert len(times) == 6, times
+    assert_labels_apart(boxes)
+
+
 def test_chart_has_a_time_axis_with_labels_that_do_not_overlap(demo: Demo, page: Page) -> None:
     """The last-hour chart labels its time axis (HH:MM every 10 minutes, UTC) and its
     value axes; as Chromium lays it out, no two labels of the chart overlap."""
@@ -519,20 +563,12 @@ def test_chart_has_a_time_axis_with_labels_that_do_not_overlap(demo: Demo, page:
         demo.api("POST", "/infer", user="tess")
     wait_for_top(demo, page, "tess")
     page.goto(demo.url("/chart.svg"))
-    boxes = page.evaluate(
-        """() => Array.from(document.querySelectorAll("text")).map((t) => {
-            const b = t.getBBox();
-            return [t.textContent, b.x, b.y, b.width, b.height];
-        })"""
-    )
+    boxes = text_boxes(page)
     labels = [box[0] for box in boxes]
     times = [label for label in labels if re.fullmatch(r"\d\d:\d\d", label)]
     assert len(times) == 6 and all(t.endswith("0") for t in times), labels
     assert "UTC" in labels and labels.count("0") == 2, labels  # each panel's value axis
-    for i, (a, ax, ay, aw, ah) in enumerate(boxes):
-        for b, bx, by, bw, bh in boxes[i + 1 :]:
-            apart = ax + aw <= bx or bx + bw <= ax or ay + ah <= by or by + bh <= ay
-            assert apart, f"{a!r} overlaps {b!r}"
+    assert_labels_apart(boxes)
     page.goto(demo.url("/"))
     assert page.evaluate("document.getElementById('chart').naturalWidth") > 0
 

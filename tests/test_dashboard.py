@@ -349,3 +349,16 @@ def test_value_axis_rounds_up_and_labels_stay_apart() -> None:
         ys = sorted(t.pos for t in panel.y_ticks)
         assert all(b - a >= 13 for a, b in itertools.pairwise(ys)), ys
         assert abs(panel.allowed_y - panel.denied_y) >= chart.LABEL_GAP - 0.01
+
+
+def test_end_labels_stay_inside_their_panel() -> None:
+    """An end label is kept between its panel's title and the time axis, whichever line
+    ends at the top of the axis: clamping one label never pushes the other out."""
+    from dashboard import chart
+
+    for last in ((5, 0), (0, 5), (5, 5), (0, 0), (5, 4), (1, 5)):
+        built = chart.build({"t": {"allowed": [0, last[0]], "denied": [5, last[1]]}}, [0, 1])
+        [panel] = built.panels
+        for y in (panel.allowed_y, panel.denied_y):
+            assert panel.plot_top + 8 <= y <= panel.plot_bottom + 4, (last, panel)
+        assert abs(panel.allowed_y - panel.denied_y) >= chart.LABEL_GAP - 0.01, (last, panel)
