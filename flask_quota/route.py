@@ -20,6 +20,7 @@ from .plans import Plan
 from .policy import Decision, LimitSpec, Policy, TierCheck, TierResult, gate_check
 from .storage import Check
 from .storage.base import keyed, shown_limit
+from .tiers import Tier
 
 __all__ = ["Route", "build_route"]
 
@@ -35,7 +36,7 @@ class Route:
     ``calls`` (the block gate first, then one check per tier and rate) is what the
     storage decides; its keys are templates, the request's come from ``keys()``.
     The tuple is reused by every request of the route, so a backend may cache its
-    encoding by identity.
+    encoding by identity. ``costing()`` derives the route of another cost.
     """
 
     __slots__ = ("calls", "enforced", "labels", "limit_texts", "limits", "names", "parts",
@@ -57,6 +58,23 @@ class Route:
             tuple((tiers[i].name, self.limits[i], tiers[i].check.rate.policy_window)
                   for i in self.enforced)
         )  # fmt: skip
+
+    def costing(self, cost: int) -> Route:
+        """This route with its endpoint tier weighing ``cost`` (the global and user tiers
+        count the request, whatever it weighs). Only the checks differ, so the copy
+        shares everything else: a fraction of building the route again."""
+        variant = object.__new__(Route)
+        for name in Route.__slots__:
+            setattr(variant, name, getattr(self, name))
+        variant.tiers = tuple(
+            TierCheck(t.tier, t.name, Check(c.key, c.algorithm, c.rate, cost, c.shadow), t.resource)
+            if t.tier is Tier.ENDPOINT
+            else t
+            for t in self.tiers
+            for c in (t.check,)
+        )
+        variant.calls = (self.calls[0], *(t.check for t in variant.tiers))
+        return variant
 
     def keys(self, ip_tag: str, tag: str, key_tag: str) -> list[str]:
         """The request's keys, in ``calls`` order: the caller's tags put in."""

@@ -172,6 +172,58 @@ def test_routes_are_cached_per_catalog_and_rebuilt_when_it_changes() -> None:
     assert state.route(new, other, "view", "GET", spec, "view", 1).plan is other
 
 
+def _route_state() -> Any:
+    app = Flask(__name__)
+    app.config.update(QUOTA_DATABASE_URL="sqlite://")
+    Quota(app, storage=MemoryStorage(clock=FrozenClock()))
+    return get_state(app)
+
+
+def test_costs_from_a_callable_never_evict_the_routes_in_use() -> None:
+    """A cost from a callable can take thousands of values. Each is a route derived from
+    the cost-1 route (sharing all but its checks), and filling the bounded cache with
+    them keeps the routes in use rather than rebuilding every route (~60 us a request)."""
+    state = _route_state()
+    catalog = PlanCatalog([PLAN])
+    spec = LimitSpec(parse_rates("100/minute"), None, 1)
+    unit = state.route(catalog, PLAN, "view", "GET", spec, "search", 1)
+    two = state.route(catalog, PLAN, "view", "GET", spec, "search", 2)
+    for cost in range(3, 10_000):
+        state.route(catalog, PLAN, "view", "GET", spec, "search", cost)
+        if cost % 100 == 0:
+            assert state.route(catalog, PLAN, "view", "GET", spec, "search", 1) is unit, cost
+            assert state.route(catalog, PLAN, "view", "GET", spec, "search", 2) is two, cost
+    assert len(state.routes) <= 4096 and len(state.retired) <= 4096
+    policy = state.policy
+    for cost in (0, 2, 7, 9_999):
+        variant = state.route(catalog, PLAN, "view", "GET", spec, "search", cost)
+        built = build_route(policy, PLAN, method="GET", spec=spec, resource="search", cost=cost)
+        assert variant.calls == built.calls and variant.tiers == built.tiers
+        assert (variant.parts, variant.limits, variant.policy) == (
+            built.parts, built.limits, built.policy
+        )  # fmt: skip
+        assert variant.parts is unit.parts  # derived from the cost-1 route, not rebuilt
+        again = state.route(catalog, PLAN, "view", "GET", spec, "search", cost)
+        assert again.calls is variant.calls  # the tuple is reused: backends cache by identity
+        # Only the endpoint tier weighs the cost; global and user count the request.
+        assert [c.cost for c in variant.calls[1:]] == [1, 1, 1, cost, cost]
+
+
+def test_a_route_in_use_survives_the_cache_filling_up() -> None:
+    """Many plans (a re-resolved override per client) fill the bounded route cache; a
+    route that requests keep using is kept rather than dropped with all the others."""
+    state = _route_state()
+    catalog = PlanCatalog([PLAN])
+    spec = LimitSpec(parse_rates("100/minute"), None, 1)
+    hot = state.route(catalog, PLAN, "view", "GET", spec, "search", 1)
+    plans = [Plan(f"c{i}", global_rate="1/second") for i in range(10_000)]
+    for i, plan in enumerate(plans):
+        state.route(catalog, plan, "view", "GET", spec, "search", 1)
+        if i % 100 == 0:
+            assert state.route(catalog, PLAN, "view", "GET", spec, "search", 1) is hot, i
+    assert len(state.routes) <= 4096 and len(state.retired) <= 4096
+
+
 def test_a_plan_is_a_value_its_callers_dicts_cannot_change() -> None:
     """Routes are cached by plan object, so a plan must not change under them: the
     dicts it was made from are copied, and its own are read-only."""
