@@ -133,8 +133,12 @@ def identity_kind(state: QuotaState, tag: str) -> str:
     return "client" if state.catalog().client_plan(identity) is not None else "user"
 
 
-def now_minute() -> int:
-    return int(time.time() // 60)
+def now_minute(state: QuotaState) -> int:
+    """The current minute by the clock usage is stamped with (the storage's), so the
+    minutes read here are the ones requests were counted in, whatever that clock is."""
+    usage = state.usage
+    now_us = usage.sink.clock() if usage is not None else time.time_ns() // 1000
+    return now_us // 60_000_000
 
 
 def identity_plan(
@@ -155,7 +159,7 @@ def _plans_of(state: QuotaState, reads: Reads, tags: list[str]) -> dict[str, str
     usage = state.usage
     if usage is None:
         return {}
-    return reads.run(lambda: usage.sink.plan_of(tags, now_minute())) or {}
+    return reads.run(lambda: usage.sink.plan_of(tags, now_minute(state))) or {}
 
 
 def identity_checks(app: Flask, state: QuotaState, tag: str, plan: Plan) -> list[TierCheck]:
@@ -201,8 +205,8 @@ def usage_minutes(state: QuotaState, reads: Reads, tag: str = "") -> list[Minute
     if usage is None:
         return []
     if tag:
-        return reads.run(lambda: usage.sink.identity_minutes(tag, HOUR, now_minute()))
-    return reads.run(lambda: usage.sink.minutes(HOUR, now_minute()))
+        return reads.run(lambda: usage.sink.identity_minutes(tag, HOUR, now_minute(state)))
+    return reads.run(lambda: usage.sink.minutes(HOUR, now_minute(state)))
 
 
 def overview(app: Flask, state: QuotaState, reads: Reads) -> dict[str, Any]:
@@ -212,7 +216,7 @@ def overview(app: Flask, state: QuotaState, reads: Reads) -> dict[str, Any]:
     and ``usage`` says why.
     """
     reads.health()  # first: a dead storage is found by one ping, and later reads are skipped
-    minute = now_minute()
+    minute = now_minute(state)
     minutes = usage_minutes(state, reads)
     if minutes is None:
         return {

@@ -15,6 +15,7 @@ from werkzeug.security import generate_password_hash
 
 from flask_quota import Identity, Quota
 from flask_quota.storage import MemoryStorage, Storage
+from flask_quota.testing import FrozenClock
 
 PASSWORD = "correct horse battery staple"
 HASH = generate_password_hash(PASSWORD)
@@ -56,7 +57,7 @@ def dashboard_app(tmp_path: Path, storage: Storage | None = None, **config: Any)
             **config,
         }
     )
-    quota = Quota(app, storage=storage or MemoryStorage())
+    quota = Quota(app, storage=storage if storage is not None else MemoryStorage())
     x_user_routes(app, quota)
 
     @app.get("/items")
@@ -73,6 +74,18 @@ def flush(app: Flask) -> None:
 @pytest.fixture
 def ops_app(tmp_path: Path) -> Flask:
     return dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock(1_700_000_010.0)  # 22:13:30 UTC: mid-minute, 3 minutes past a tick
+
+
+@pytest.fixture
+def frozen_ops_app(tmp_path: Path, clock: FrozenClock) -> Flask:
+    """``ops_app`` on a clock that moves only when told: what a test reads back "for
+    this minute" (usage, the chart, a bucket's refill) cannot change under it."""
+    return dashboard_app(tmp_path, MemoryStorage(clock), QUOTA_DASHBOARD_USERS={"ops": HASH})
 
 
 def csrf_from(http: FlaskClient, url: str) -> str:
@@ -105,10 +118,10 @@ def test_basic_auth_wrong_and_right(ops_app: Flask) -> None:
     assert http.get("/quota/api/overview", headers=OPS).status_code == 200
 
 
-def test_login_brute_force_is_limited(ops_app: Flask) -> None:
+def test_login_brute_force_is_limited(frozen_ops_app: Flask) -> None:
     """After 10 failed logins from one IP, a client that never logged in waits (429) even
     with the right password (else it could test guesses); other IPs are unaffected."""
-    http = ops_app.test_client()
+    http = frozen_ops_app.test_client()
     codes = [http.get("/quota/", headers=basic("ops", f"guess{i}")).status_code for i in range(10)]
     assert codes == [401] * 10
     blocked = http.get("/quota/", headers=basic("ops", "guess-again"))
@@ -168,8 +181,10 @@ def test_security_headers(ops_app: Flask) -> None:
     )
 
 
-def test_request_appears_on_the_overview(ops_app: Flask) -> None:
-    """Usage of the API shows up in the overview JSON, with the top identity."""
+def test_request_appears_on_the_overview(frozen_ops_app: Flask) -> None:
+    """Usage of the API shows up in the overview JSON, with the top identity; the
+    dashboard reads the minutes of the clock the counts were stamped with."""
+    ops_app = frozen_ops_app
     http = ops_app.test_client()
     http.post("/infer", headers={"X-User": "ada"})
     http.post("/infer", headers={"X-User": "ada"})
@@ -310,25 +325,23 @@ def _svg_texts(svg: bytes) -> list[tuple[str, float, float]]:
     ]
 
 
-def test_chart_has_a_time_axis_and_a_value_axis(ops_app: Flask) -> None:
+def test_chart_has_a_time_axis_and_a_value_axis(frozen_ops_app: Flask, clock: FrozenClock) -> None:
     """The last-hour chart labels time every 10 minutes (HH:MM UTC, the current minute's
     hour among them) and values from 0 up to a round maximum at or above the peak."""
     import time
 
-    http = ops_app.test_client()
+    http = frozen_ops_app.test_client()
     for _ in range(3):
         http.post("/infer", headers={"X-User": "ada"})
-    flush(ops_app)
+    flush(frozen_ops_app)
     texts = _svg_texts(http.get("/quota/chart.svg", headers=OPS).data)
     times = [(t, x) for t, x, _ in texts if re.fullmatch(r"\d\d:\d\d", t)]
     assert len(times) == 6, texts  # an hour holds six whole 10 minutes
     minutes = [int(t[:2]) * 60 + int(t[3:]) for t, _ in times]
     assert all(m % 10 == 0 for m in minutes)
     assert all((b - a) % 1440 == 10 for a, b in itertools.pairwise(minutes))
-    now = time.gmtime()
-    assert f"{now.tm_hour:02d}:{now.tm_min // 10 * 10:02d}" in [t for t, _ in times] or (
-        now.tm_min % 10 == 9 and now.tm_sec > 55  # the minute rolled over meanwhile
-    )
+    now = time.gmtime(clock.seconds)  # 22:13
+    assert times[-1][0] == f"{now.tm_hour:02d}:{now.tm_min // 10 * 10:02d}", times
     xs = [x for _, x in times]
     assert all(b - a > 60 for a, b in itertools.pairwise(xs))  # labels never overlap
     assert "UTC" in [t for t, _, _ in texts]
