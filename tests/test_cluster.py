@@ -7,7 +7,6 @@ four gunicorn workers.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -152,13 +151,12 @@ def test_slots_are_asked_together(flushed: Cluster) -> None:
     )
     storage = ClusterStorage.from_url(flushed.url, timeout=3)
     storage.peek([glob, user])  # connections and scripts ready
-    asleep = threading.Thread(target=lambda: command(sleeper.client(), "DEBUG", "SLEEP", "0.6"))
     try:
-        asleep.start()
-        time.sleep(0.15)
+        # Paused when pause() returns (a thread running DEBUG SLEEP might not have
+        # reached the node yet on a slow machine); the call waits, queued, 0.6 s.
+        sleeper.pause(600)
         assert storage.decide([glob, user]).allowed
     finally:
-        asleep.join()
         storage.close()
     tat = {c.key: int(_text(_raw(flushed, c.key))) for c in (glob, user)}
     assert tat[glob.key] - tat[user.key] > 300_000  # the user slot did not wait for it

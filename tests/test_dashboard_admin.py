@@ -9,6 +9,8 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
+from flask_quota.storage import MemoryStorage
+from flask_quota.testing import FrozenClock
 from tests.test_dashboard import OPS, csrf_from, dashboard_app
 
 
@@ -52,9 +54,13 @@ def test_plan_edit_is_saved_audited_and_enforced(ops_app: Flask) -> None:
     assert "3/minute" in audit and "5/minute" in audit  # before and after
 
 
-def test_plan_form_accepts_several_rates(ops_app: Flask) -> None:
+def test_plan_form_accepts_several_rates(tmp_path: Path) -> None:
     """The plan form takes comma-separated rates; the canonical text is shown and enforced."""
-    http = ops_app.test_client()
+    from tests.test_dashboard import HASH
+
+    # A frozen clock: on the wall clock 2/second gives a token back every 0.5 s.
+    storage = MemoryStorage(FrozenClock())
+    http = dashboard_app(tmp_path, storage, QUOTA_DASHBOARD_USERS={"ops": HASH}).test_client()
     form = {"tier": "user", "rate": "2/second,3/minute"}
     status, _ = post(http, "/quota/plans/free/limit", "/quota/plans", **form)
     assert status == 200

@@ -15,8 +15,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+import redis
 from flask import Flask
 from flask.testing import FlaskClient
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from werkzeug.test import TestResponse
 
 from flask_quota import Quota
@@ -289,6 +292,21 @@ def used(storage: Storage, key: bytes) -> int:
     return LIMIT - storage.peek([check]).outcomes[0].remaining
 
 
+def wait_until_asleep(server: RedisServer) -> None:
+    """Until ``server`` leaves a PING unanswered (a thread's DEBUG SLEEP has begun)."""
+    deadline = time.monotonic() + 5
+    with redis.Redis(
+        "127.0.0.1", server.port, socket_timeout=0.05, retry=Retry(NoBackoff(), 0)
+    ) as probe:
+        while time.monotonic() < deadline:
+            try:
+                probe.ping()
+            except redis.TimeoutError:
+                return
+            time.sleep(0.005)
+    raise AssertionError("the server never went to sleep")
+
+
 def test_fail_local_never_counts_a_timed_out_request_twice(app: Flask, tmp_path: Path) -> None:
     """A call that timed out may still run on Redis once it wakes up: its request is
     checked against the local limiter but not charged there, so Redis and the local
@@ -304,9 +322,12 @@ def test_fail_local_never_counts_a_timed_out_request_twice(app: Flask, tmp_path:
             with server.client() as admin:
                 admin.execute_command("DEBUG", "SLEEP", "0.8")
 
+        # DEBUG SLEEP, not CLIENT PAUSE: a paused server never ran the command of a
+        # client that timed out and hung up (tried); a sleeping one runs it on waking,
+        # as a Redis under load would.
         hang = threading.Thread(target=sleep)
         hang.start()
-        time.sleep(0.1)  # Redis is asleep: the next call times out, its command queued
+        wait_until_asleep(server)  # the next call times out, its command queued
         response, elapsed = timed_get(client)
         hang.join(timeout=10)
         assert response.status_code == 200

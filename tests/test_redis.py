@@ -39,8 +39,10 @@ def counting_client(server: RedisServer) -> redis.Redis:
 
 @pytest.mark.parametrize("algorithm", list(Algorithm))
 def test_every_key_has_a_ttl(redis_client: redis.Redis, algorithm: Algorithm) -> None:
-    """No key lives forever: each algorithm's state carries a PTTL."""
-    storage = RedisStorage(redis_client)
+    """No key lives forever: each algorithm's state carries a PTTL. (On a frozen clock:
+    on Redis time a fixed window decided in a second's last millisecond is rightly gone
+    before it is looked at.)"""
+    storage = RedisStorage(redis_client, clock=FrozenClock())
     rates = ["5/second", "100/minute", "10/second; burst=50", "1000/day"]
     storage.decide([Check(f"k{i}", algorithm, parse_rate(r), 1) for i, r in enumerate(rates)])
     keys = redis_client.keys("*")
@@ -94,7 +96,9 @@ def test_three_tiers_cost_one_round_trip(redis_server: RedisServer, tmp_path: An
                 }
             },
         )
-        quota = Quota(app, storage=RedisStorage(client))
+        # A frozen clock: on Redis time a minute could turn between the requests and
+        # refill the fixed window. The clock travels in the call: no round trip more.
+        quota = Quota(app, storage=RedisStorage(client, clock=FrozenClock()))
 
         @app.post("/infer")
         @quota.limit(resource="ai")

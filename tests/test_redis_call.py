@@ -13,6 +13,7 @@ from flask_quota.algorithms import Algorithm
 from flask_quota.rates import parse_rate
 from flask_quota.storage import Check, StorageError
 from flask_quota.storage.redis import RedisStorage, decide_args
+from flask_quota.testing import FrozenClock
 from tests.servers import RedisServer
 
 TB = Algorithm.TOKEN_BUCKET
@@ -76,7 +77,8 @@ def test_threads_share_connections_and_count_exactly(own_redis: RedisServer) -> 
     opening one per thread."""
     client = own_redis.client()
     client.flushall()
-    storage = RedisStorage.from_url(own_redis.url, timeout=5.0)
+    # A frozen clock: on Redis time an hour could turn mid-test and reset the window.
+    storage = RedisStorage.from_url(own_redis.url, timeout=5.0, clock=FrozenClock())
     try:
         check = Check("shared", Algorithm.FIXED_WINDOW, parse_rate("100000/hour"), 1)
 
@@ -108,7 +110,9 @@ def test_a_forked_child_opens_its_own_connection(redis_server: RedisServer) -> N
     share the parent's socket: both keep getting their own answers."""
     client = redis_server.client()
     client.flushall()
-    storage = RedisStorage.from_url(redis_server.url, timeout=5.0)
+    # A frozen clock (shared by both processes): on Redis time a token comes back every
+    # 0.6 s, and the parent's 21 answers on a slow machine could take longer.
+    storage = RedisStorage.from_url(redis_server.url, timeout=5.0, clock=FrozenClock())
     try:
         parent = Check("parent", TB, parse_rate("100/minute"), 1)
         child = Check("child", TB, parse_rate("50/minute"), 1)
@@ -194,7 +198,6 @@ def test_the_arguments_reach_the_script_as_they_are_meant(
     rates, a cost that never fits and a negative cost (the dashboard's refund) are
     decided as memory decides them, step for step."""
     from flask_quota.storage import MemoryStorage
-    from flask_quota.testing import FrozenClock
 
     redis_server.client().flushall()
     clock = FrozenClock(1_700_000_123.456789)
