@@ -115,9 +115,8 @@ class QuotaState:
         if found is None or found.plan is not plan:
             _, endpoint, method, cost, _ = key
             if cost == 1:
-                policy = self.policy
                 found = build_route(
-                    policy, plan, method=method, spec=spec, resource=resource, cost=1
+                    self.policy, plan, method=method, spec=spec, resource=resource, cost=1
                 )
             else:
                 unit = self.route(catalog, plan, endpoint, method, spec, resource, 1)
