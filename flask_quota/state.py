@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from flask import Blueprint, Flask, current_app
 
 from .failover import GuardedStorage
+from .generations import Generations
 from .plans import Plan, PlanCatalog
 from .policy import LimitSpec, Policy
 from .route import Route, build_route
@@ -43,7 +44,7 @@ F = TypeVar("F", bound=Callable[..., Any] | Blueprint)
 # What the decorators leave on a view function; read once per request.
 LIMIT_ATTR = "__quota_limit__"
 EXEMPT_ATTR = "__quota_exempt__"
-ROUTES = 4096  # routes per generation of the route cache (two are kept)
+ROUTES = 4096  # routes per generation of the route cache
 RouteKey = tuple[int, str | None, str, int, bool]
 
 
@@ -63,10 +64,8 @@ class QuotaState:
     # lookup per request instead of attribute probes on the view and its blueprints.
     views: dict[str, tuple[bool, LimitSpec | None]] = field(default_factory=dict)
     # (id(plan), endpoint, method, cost, limited?) -> Route, for the catalog in
-    # ``routes_of``; a new catalog (a plan or override change) empties it. ``retired``
-    # is the generation before ``routes`` (see ``_new_route``).
-    routes: dict[RouteKey, Route] = field(default_factory=dict)
-    retired: dict[RouteKey, Route] = field(default_factory=dict)
+    # ``routes_of``; a new catalog (a plan or override change) empties it.
+    routes: Generations[RouteKey, Route] = field(default_factory=lambda: Generations(ROUTES))
     routes_of: PlanCatalog | None = None
 
     def view_limit(self, app: Flask, endpoint: str) -> tuple[bool, LimitSpec | None]:
@@ -88,9 +87,10 @@ class QuotaState:
     ) -> Route:
         """The request's ``Route``, built on first use (``plan`` comes from ``catalog``)."""
         if catalog is not self.routes_of:
-            self.routes, self.retired, self.routes_of = {}, {}, catalog
+            self.routes.clear()
+            self.routes_of = catalog
         key = (id(plan), endpoint, method, cost, spec is None)
-        found = self.routes.get(key)
+        found = self.routes.current.get(key)
         if found is None or found.plan is not plan:  # the entry holds its plan: ids stay unique
             found = self._new_route(catalog, key, plan, spec, resource)
         return found
@@ -106,12 +106,10 @@ class QuotaState:
         """A route missing from the current generation: the retired one's, else made.
 
         Plans re-resolved per client (overrides) and costs from a callable can outnumber
-        any bound, so the cache keeps two generations of ``ROUTES``: when the current
-        one is full it retires whole, and a route still in use moves back at its next
-        request instead of being rebuilt with all the others. A route of another cost
-        is derived from the cost-1 route, which shares everything but the checks.
+        any bound: the cache keeps what is in use (see ``Generations``). A route of
+        another cost is derived from the cost-1 route, which shares all but the checks.
         """
-        found = self.retired.get(key)
+        found = self.routes.recall(key)
         if found is None or found.plan is not plan:
             _, endpoint, method, cost, _ = key
             if cost == 1:
@@ -121,9 +119,7 @@ class QuotaState:
             else:
                 unit = self.route(catalog, plan, endpoint, method, spec, resource, 1)
                 found = unit.costing(cost)
-        if len(self.routes) >= ROUTES:
-            self.retired, self.routes = self.routes, {}
-        self.routes[key] = found
+            self.routes.put(key, found)
         return found
 
     def catalog(self) -> PlanCatalog:

@@ -162,10 +162,10 @@ def test_routes_are_cached_per_catalog_and_rebuilt_when_it_changes() -> None:
     assert state.route(old, PLAN, "view", "GET", spec, "view", 1) is route  # cached
     assert state.route(old, PLAN, "view", "POST", spec, "view", 1) is not route
     assert state.route(old, PLAN, "view", "GET", spec, "view", 2) is not route  # another cost
-    assert len(state.routes) == 3
+    assert len(state.routes.current) == 3
     again = state.route(new, PLAN, "view", "GET", spec, "view", 1)  # a plan change
     assert again is not route and again.calls == route.calls
-    assert len(state.routes) == 1 and state.routes_of is new
+    assert len(state.routes.current) == 1 and state.routes_of is new
     # A plan equal to the cached one but another object (an override re-resolved, or a
     # new id after the old plan was freed) gets a route of its own: entries hold their plan.
     other = Plan("p", global_rate="1/second")
@@ -193,7 +193,7 @@ def test_costs_from_a_callable_never_evict_the_routes_in_use() -> None:
         if cost % 100 == 0:
             assert state.route(catalog, PLAN, "view", "GET", spec, "search", 1) is unit, cost
             assert state.route(catalog, PLAN, "view", "GET", spec, "search", 2) is two, cost
-    assert len(state.routes) <= 4096 and len(state.retired) <= 4096
+    assert len(state.routes.current) <= 4096 and len(state.routes.retired) <= 4096
     policy = state.policy
     for cost in (0, 2, 7, 9_999):
         variant = state.route(catalog, PLAN, "view", "GET", spec, "search", cost)
@@ -221,7 +221,7 @@ def test_a_route_in_use_survives_the_cache_filling_up() -> None:
         state.route(catalog, plan, "view", "GET", spec, "search", 1)
         if i % 100 == 0:
             assert state.route(catalog, PLAN, "view", "GET", spec, "search", 1) is hot, i
-    assert len(state.routes) <= 4096 and len(state.retired) <= 4096
+    assert len(state.routes.current) <= 4096 and len(state.routes.retired) <= 4096
 
 
 def test_a_plan_is_a_value_its_callers_dicts_cannot_change() -> None:
