@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
@@ -12,6 +11,7 @@ from urllib.parse import unquote
 from flask import Flask
 
 from flask_quota import Plan
+from flask_quota.clock import US, wall_clock_us
 from flask_quota.inspection import (
     BucketState,
     Caller,
@@ -137,8 +137,8 @@ def now_minute(state: QuotaState) -> int:
     """The current minute by the clock usage is stamped with (the storage's), so the
     minutes read here are the ones requests were counted in, whatever that clock is."""
     usage = state.usage
-    now_us = usage.sink.clock() if usage is not None else time.time_ns() // 1000
-    return now_us // 60_000_000
+    now_us = usage.sink.clock() if usage is not None else wall_clock_us()
+    return now_us // (60 * US)
 
 
 def identity_plan(
