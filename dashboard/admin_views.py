@@ -18,7 +18,6 @@ from typing import Any
 from flask import (
     Response,
     current_app,
-    flash,
     g,
     redirect,
     render_template,
@@ -40,6 +39,8 @@ from flask_quota.admin import (
 from flask_quota.algorithms import Algorithm
 from flask_quota.sql_store import TablesMissing
 from flask_quota.state import get_state
+
+from .session import flash
 
 __all__ = ["ADMIN_ROUTES", "admin", "client_id_of", "database_errors"]
 

@@ -13,7 +13,6 @@ from flask import (
     Response,
     abort,
     current_app,
-    flash,
     g,
     jsonify,
     redirect,
@@ -22,17 +21,16 @@ from flask import (
     url_for,
 )
 from flask.blueprints import BlueprintSetupState
-from flask_wtf.csrf import CSRFError, generate_csrf, validate_csrf
-from wtforms import ValidationError
 
 from flask_quota import blocks, inspection
 from flask_quota.inspection import Caller
 from flask_quota.state import QuotaState, exempt, get_state
 from flask_quota.storage import StorageError
 
-from . import chart, data
+from . import chart, data, session
 from .admin_views import ADMIN_ROUTES, admin, client_id_of, database_errors
 from .auth import Authenticator, auth_from_config
+from .session import flash
 
 __all__ = ["BLUEPRINT_NAME", "make_blueprint"]
 
@@ -88,9 +86,7 @@ def make_blueprint() -> Blueprint:
         g.quota_operator = result
         if request.method == "POST":
             token = request.form.get("csrf_token") or request.headers.get("X-CSRFToken")
-            try:
-                validate_csrf(token)
-            except (ValidationError, CSRFError):
+            if not session.current().csrf_valid(token):
                 return Response(
                     "CSRF token missing or invalid: nothing was changed. Reload the page.",
                     400,
@@ -105,11 +101,13 @@ def make_blueprint() -> Blueprint:
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "no-referrer"
         response.headers["Cache-Control"] = "no-store"
+        session.current().save(response)
         return response
 
-    @bp.app_context_processor
+    @bp.context_processor
     def helpers() -> dict[str, Any]:
-        return {"quota_csrf_token": generate_csrf}
+        mine = session.current()
+        return {"quota_csrf_token": mine.csrf_token, "quota_messages": mine.pop_messages}
 
     @bp.context_processor
     def storage_status() -> dict[str, Any]:
