@@ -162,6 +162,35 @@ class Decision:
         """Whole seconds from now until ``at_us``, rounded up."""
         return seconds_until(at_us, self.now_us)
 
+    def __str__(self) -> str:
+        """One line for logs and signal receivers: which limit decided, e.g.
+        ``denied by endpoint 'ai_inference': 5 per 60 s on plan 'free', retry in 12 s``
+        (the wait is the response's ``Retry-After``), or ``allowed on plan 'free'; closest:
+        user, 97 of 100 left``. ``repr()`` still shows every field."""
+        denied = self.denied
+        if denied is not None:
+            o = denied.outcome
+            retry = max(1, self.seconds_until(self.now_us + o.retry_after_us))
+            return (
+                f"denied by {_label(denied)}: {o.limit} per {denied.rate.policy_window} s "
+                f"on plan {self.plan!r}, retry in {retry} s"
+            )
+        text = f"allowed on plan {self.plan!r}"
+        closest = self.closest
+        if closest is not None:
+            o = closest.outcome
+            text += f"; closest: {_label(closest)}, {max(0, o.remaining)} of {o.limit} left"
+        if self.shadow_denied:
+            names = ", ".join(_label(r) for r in self.shadow_denied)
+            text += f"; shadow {names} would have denied"
+        return text
+
+
+def _label(result: TierResult) -> str:
+    """``user``, ``global``, ``endpoint 'ai_inference'``, ``user 'user@86400'``."""
+    tier = result.tier.value
+    return tier if result.name == tier else f"{tier} {result.name!r}"
+
 
 def gate_check(keys: KeyBuilder, tag: str) -> Check:
     """The check that denies while the caller ``tag`` is blocked (see ``blocks``); it
