@@ -277,6 +277,21 @@ class QuotaAdmin:
         """
         self.check_plans_writable()
         wanted = {plan.name: (position, plan) for position, plan in enumerate(plans)}
+        settings = self.store.settings
+        needed: dict[str, list[str]] = {}
+        for key, name in (
+            ("QUOTA_DEFAULT_PLAN", settings.default_plan),
+            ("QUOTA_ANONYMOUS_PLAN", settings.anonymous_plan),
+        ):
+            if name not in wanted:
+                needed.setdefault(name, []).append(key)
+        if needed:
+            name, keys = next(iter(needed.items()))
+            raise AdminError(
+                f"the new plans lack plan {name!r}, which is {' and '.join(keys)}: callers "
+                f"without a plan get it. Keep {name!r} in them, or set {keys[0]} to one of "
+                f"their plans first; nothing changed"
+            )
 
         def target(position: int, plan: Plan) -> tuple[Any, ...]:
             limits = [

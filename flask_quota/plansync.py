@@ -97,6 +97,7 @@ def at_start(store: SqlStore) -> None:
     (``config`` source) or warn about every difference from it (``database``)."""
     settings = store.settings
     config = list(settings.plans.values())
+    _warn_unsafe_names(sql_plans(store))
     if settings.plans_source is PlansSource.CONFIG:
         try:
             changes = QuotaAdmin(store, actor=CONFIG_ACTOR, applies_config=True).replace_plans(
@@ -121,6 +122,37 @@ def at_start(store: SqlStore) -> None:
         )
 
 
+def _warn_unsafe_names(plans: list[Plan]) -> None:
+    """Plans named before names were restricted (e.g. ``x/../team``) keep working for
+    requests, the CLI and the API; the dashboard's URLs cannot name them safely."""
+    unsafe = []
+    for plan in plans:
+        try:
+            validators.plan_name(plan.name)
+        except ValueError:
+            unsafe.append(plan.name)
+    if unsafe:
+        log.warning(
+            "flask-quota: plan(s) %s have names the dashboard cannot address safely (a "
+            "browser rewrites '/' and '.' segments in its URLs); they keep working, but edit "
+            "them only with `flask quota plans ...`, or replace each: `plans create NEW`, "
+            "`plans set NEW ...`, `clients set-plan ID NEW`, then `plans delete OLD`",
+            ", ".join(repr(name) for name in unsafe),
+        )
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads`` hook: a key given twice is refused (JSON would keep the last)."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise AdminError(
+                f"the plans file has the key {key!r} twice in one object; keep one of them"
+            )
+        found[key] = value
+    return found
+
+
 def export_plans(store: SqlStore) -> str:
     """Every SQL plan as JSON in the ``QUOTA_PLANS`` shape."""
     return json.dumps(plans_config(sql_plans(store)), indent=2) + "\n"
@@ -130,7 +162,7 @@ def import_plans(admin: QuotaAdmin, text: str) -> list[str]:
     """Make the SQL plans exactly those of ``text`` (JSON in the ``QUOTA_PLANS`` shape):
     validated whole before anything is written, then one audited transaction."""
     try:
-        raw: Any = json.loads(text)
+        raw: Any = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise AdminError(f"the plans file is not valid JSON: {exc}") from None
     if not isinstance(raw, Mapping):

@@ -67,6 +67,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.pool import StaticPool
 
+from . import validators
 from .algorithms import Algorithm
 from .identity import Identity
 from .models import (
@@ -173,6 +174,13 @@ class SqlStore:
                 "QUOTA_DATABASE_URL is set, but Quota(app, db=db) keeps the quota tables in "
                 "db's database: remove QUOTA_DATABASE_URL or the db= argument"
             )
+        for name in settings.plans:
+            # The tables (and the dashboard's URLs) accept only these names: refused at
+            # init_app rather than when the first seed fails in the background.
+            try:
+                validators.plan_name(name)
+            except ValueError as exc:
+                raise ValueError(f"QUOTA_PLANS: {exc}") from None
         self.settings = settings
         self._db = db
         self.owns_engine = db is None

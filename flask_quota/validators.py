@@ -44,16 +44,23 @@ def resource_name(value: object) -> str:
     return value
 
 
+_PLAN_RE = re.compile(RESOURCE_PATTERN)
+_PLAN_RULE = (
+    "1-64 printable characters of A-Z a-z 0-9 _ . - (not '.' or '..'): a plan name is "
+    "part of the dashboard's URLs, where '/', '.' segments and other characters would be "
+    "rewritten"
+)
+
+
 def plan_name(value: object) -> str:
-    """A plan name: 1-64 printable characters without surrounding blanks."""
-    if (
-        not isinstance(value, str)
-        or not value
-        or len(value) > 64
-        or not value.isprintable()
-        or value != value.strip()
-    ):
-        raise ValueError(f"plan name {value!r} must be 1-64 printable characters")
+    """A plan name: 1-64 of A-Z a-z 0-9 ``_ . -``, and neither ``.`` nor ``..``.
+
+    Plan names are path segments of the dashboard's URLs: a browser resolves ``.``
+    and ``..`` segments and a ``/`` starts another segment, so such a name would edit
+    (or delete) another plan. Names stored by an earlier release are still served.
+    """
+    if not isinstance(value, str) or not _PLAN_RE.fullmatch(value) or value in (".", ".."):
+        raise ValueError(f"plan name {value!r} must be {_PLAN_RULE}")
     return value
 
 

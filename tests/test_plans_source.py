@@ -194,3 +194,49 @@ def test_import_validates_everything_before_writing(
     result = app.test_cli_runner().invoke(args=["quota", "plans", "import", str(bad)])
     assert result.exit_code == 1 and message in result.output, result.output
     assert plans_config(sql_plans(app.extensions["quota"].sql)) == OLD
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [
+        ({}, "QUOTA_DEFAULT_PLAN and QUOTA_ANONYMOUS_PLAN"),
+        ({"QUOTA_DEFAULT_PLAN": "pro"}, "QUOTA_ANONYMOUS_PLAN"),
+    ],
+)
+def test_import_without_a_plan_the_config_names_changes_nothing(
+    tmp_path: Path, start: Any, config: dict[str, str], key: str
+) -> None:
+    """Must show: importing a file without the plan that is QUOTA_DEFAULT_PLAN (or
+    QUOTA_ANONYMOUS_PLAN) exits non-zero, names the key, and changes nothing: `free`
+    is still there and anonymous callers still get it."""
+    app = start(OLD, **config)
+    only_pro = tmp_path / "pro.json"
+    only_pro.write_text(json.dumps({"pro": {"user": "60/minute"}, "team": {"user": "9/minute"}}))
+    result = app.test_cli_runner().invoke(args=["quota", "plans", "import", str(only_pro)])
+    assert result.exit_code == 1, result.output
+    assert f"lack plan 'free', which is {key}" in result.output
+    assert plans_config(sql_plans(app.extensions["quota"].sql)) == OLD
+    assert user_policy(app) == '"user";q=3;w=60'
+    assert QuotaAdmin(app.extensions["quota"].sql, actor="t").audit_log() == []
+
+
+@pytest.mark.parametrize(
+    ("content", "key"),
+    [
+        ('{"free": {"user": "1/hour"}, "free": {"user": "9/hour"}, "pro": {}}', "'free'"),
+        ('{"free": {"user": "1/hour", "user": "9/hour"}, "pro": {}}', "'user'"),
+        ('{"free": {"resources": {"a": "1/hour", "a": "2/hour"}}, "pro": {}}', "'a'"),
+    ],
+)
+def test_import_refuses_a_key_given_twice(
+    tmp_path: Path, start: Any, content: str, key: str
+) -> None:
+    """A JSON object with a duplicate key is refused naming the key, at any depth,
+    instead of silently keeping the last value."""
+    app = start(OLD)
+    bad = tmp_path / "twice.json"
+    bad.write_text(content)
+    result = app.test_cli_runner().invoke(args=["quota", "plans", "import", str(bad)])
+    assert result.exit_code == 1, result.output
+    assert f"the plans file has the key {key} twice" in result.output
+    assert plans_config(sql_plans(app.extensions["quota"].sql)) == OLD
