@@ -1,5 +1,5 @@
-"""``migrations/``: `flask db upgrade` builds the schema the models describe, on SQLite
-and PostgreSQL, `downgrade base` removes it, and both agree with the models."""
+"""``migrations/``: `flask db upgrade` builds the schema the models describe, on SQLite,
+PostgreSQL and MariaDB, `downgrade base` removes it, and both agree with the models."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from tests.sqldb import DATABASES, database
 
 @pytest.fixture(params=DATABASES)
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The same test on a SQLite file and on a fresh PostgreSQL database."""
+    """The same test on a SQLite file and on fresh PostgreSQL and MariaDB databases."""
     yield from database(request.param, tmp_path)
 
 

@@ -3,7 +3,8 @@
 This is the README's flow for ``Quota(app, db=db)``, run exactly as a user runs
 it: ``flask db init``, ``flask db migrate``, ``flask db upgrade`` in a project
 directory of its own, then ``flask quota plans list``. The migration that
-Alembic writes must run as generated, on SQLite and on PostgreSQL.
+Alembic writes must run as generated, on SQLite, PostgreSQL and MariaDB; and the
+app's next ``flask db migrate`` finds nothing to do (docs/databases.md).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from sqlalchemy import MetaData, create_engine, inspect
 
 from flask_quota.models import copy_tables, metadata
+from flask_quota.sql_store import VERSION_TABLE
 from tests.servers import ROOT
 from tests.sqldb import DATABASES, database
 
@@ -33,8 +35,15 @@ from flask_quota import Quota
 app = Flask(__name__)
 app.config["SQLALCHEMY_DATABASE_URI"] = os.environ["DATABASE_URL"]
 db = SQLAlchemy(app)
-Migrate(app, db)
 quota = Quota(app, db=db)
+
+
+def include_name(name, type_, parent_names):
+    # flask-quota's own revision table is flask-quota's business, not this app's.
+    return not (type_ == "table" and name == "quota_alembic_version")
+
+
+Migrate(app, db, include_name=include_name)
 
 
 class Note(db.Model):
@@ -43,10 +52,15 @@ class Note(db.Model):
     created_at = db.Column(db.DateTime(timezone=True))
 """
 
+# The app's next model change (cycle two of the flow).
+NOTE_TITLE = """
+Note.title = db.Column(db.String(80), nullable=True)
+"""
+
 
 @pytest.fixture(params=DATABASES)
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The same flow on a SQLite file and on a fresh PostgreSQL database."""
+    """The same flow on a SQLite file and on fresh PostgreSQL and MariaDB databases."""
     yield from database(request.param, tmp_path)
 
 
@@ -66,6 +80,11 @@ def flask(project: Path, url: str, *args: str) -> subprocess.CompletedProcess[st
         text=True,
         timeout=120,
     )
+
+
+def revisions(project: Path) -> set[Path]:
+    """The app's migration files."""
+    return set((project / "migrations" / "versions").glob("*.py"))
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -123,3 +142,43 @@ def test_copies_in_a_host_metadata_keep_names_and_use_plain_types() -> None:
     assert all("None" not in found for found in names(host).values())
     types = {type(column.type).__module__ for t in host.sorted_tables for column in t.columns}
     assert all(module.startswith("sqlalchemy.") for module in types), types
+
+
+def test_the_apps_next_migrate_is_empty_after_quota_db_upgrade(
+    tmp_path: Path, database_url: str
+) -> None:
+    """migrate -> upgrade -> quota db upgrade -> migrate (nothing) -> upgrade, then a model change.
+
+    ``flask quota db upgrade`` stamps its own ``quota_alembic_version``; the app's
+    autogenerate must neither drop it nor touch the quota tables, now or on the
+    app's next real change.
+    """
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "app.py").write_text(APP)
+
+    ok(flask(project, database_url, "db", "init"))
+    ok(flask(project, database_url, "db", "migrate", "-m", "notes and quota tables"))
+    ok(flask(project, database_url, "db", "upgrade"))
+    assert "stamped" in ok(flask(project, database_url, "quota", "db", "upgrade"))
+    assert VERSION_TABLE in tables(database_url)
+
+    # Cycle one again, with no model change: no revision written, nothing to upgrade.
+    again = ok(flask(project, database_url, "db", "migrate", "-m", "nothing"))
+    assert "No changes in schema detected" in again, again
+    [first] = revisions(project)
+    assert "No new upgrade operations detected" in ok(flask(project, database_url, "db", "check"))
+    ok(flask(project, database_url, "db", "upgrade"))
+
+    # Cycle two: the app changes a model; its migration holds that change alone.
+    (project / "app.py").write_text(APP + NOTE_TITLE)
+    ok(flask(project, database_url, "db", "migrate", "-m", "note title"))
+    [second] = revisions(project) - {first}
+    upgrade_ops = second.read_text().split("def downgrade")[0]
+    assert "title" in upgrade_ops
+    assert "quota_" not in upgrade_ops, upgrade_ops
+    ok(flask(project, database_url, "db", "upgrade"))
+    assert "No new upgrade operations detected" in ok(flask(project, database_url, "db", "check"))
+    assert "(head)" in ok(flask(project, database_url, "quota", "db", "current"))
+    assert tables(database_url) >= {"note", VERSION_TABLE, *metadata.tables}
+    assert "free" in ok(flask(project, database_url, "quota", "plans", "list"))
