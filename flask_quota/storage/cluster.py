@@ -13,6 +13,7 @@ limiter can therefore under-admit near a limit, never over-admit.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -79,7 +80,8 @@ class ClusterStorage:
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float, clock: Clock | None = None) -> ClusterStorage:
-        """``redis+cluster://[user:password@]host:port[,host:port...]``, any nodes to start from."""
+        """``redis+cluster://[user:password@]host:port[,host:port...]`` (or ``valkey+cluster://``),
+        any nodes to start from."""
         parsed = parse_storage_url(url)
         nodes = [ClusterNode(host, port) for host, port in parsed.hosts]  # type: ignore[no-untyped-call]
         options: dict[str, Any] = {
@@ -265,7 +267,7 @@ class ClusterStorage:
                 connection: Any = None
                 try:
                     node = cluster.get_redis_connection(cluster.get_node_from_key(keys[0]))
-                    connection = node.connection_pool.get_connection()
+                    connection = checkout(node.connection_pool)
                     connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
                 except _ERRORS as exc:
                     replies[n] = exc
@@ -325,3 +327,16 @@ def merge(checks: Sequence[Check], groups: list[list[int]], verdicts: list[Verdi
         for i, outcome in zip(group, verdict.outcomes, strict=True):
             outcomes[i] = outcome._replace(reset_us=outcome.reset_us + shift) if shift else outcome
     return Verdict(now, tuple(o for o in outcomes if o is not None), shadow_flags(checks))
+
+
+def checkout(pool: Any) -> Any:
+    """A connection from ``pool``, on every redis-py of our range: before 5.3
+    ``get_connection`` requires a command name; from 5.3 passing one is deprecated."""
+    if _NAME_REQUIRED.get(type(pool)) is None:
+        parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+        required = parameter is not None and parameter.default is inspect.Parameter.empty
+        _NAME_REQUIRED[type(pool)] = required
+    return pool.get_connection("EVALSHA") if _NAME_REQUIRED[type(pool)] else pool.get_connection()
+
+
+_NAME_REQUIRED: dict[type, bool] = {}

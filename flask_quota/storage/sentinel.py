@@ -10,13 +10,13 @@ from redis.sentinel import Sentinel
 
 from .base import Clock
 from .redis import RedisStorage
-from .url import parse_storage_url
+from .url import parse_storage_url, spellings
 
 __all__ = ["SentinelStorage", "parse_sentinel_url"]
 
 _FORM = (
     "redis+sentinel://[[user]:password@]host:26379[,host:26380...]/service_name[/db]"
-    "[?sentinel_password=...]"
+    f"[?sentinel_password=...] (the scheme may be {spellings('redis+sentinel')})"
 )
 
 
@@ -34,7 +34,8 @@ class SentinelStorage(RedisStorage):
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float, clock: Clock | None = None) -> SentinelStorage:
-        """``redis+sentinel://[:password@]host:port[,host:port...]/service[/db]``."""
+        """``redis+sentinel://[:password@]host:port[,host:port...]/service[/db]``, or
+        ``valkey+sentinel://``."""
         sentinels, service, options, sentinel_options = parse_sentinel_url(url)
         timeouts = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
         manager = Sentinel(  # type: ignore[no-untyped-call]
