@@ -63,7 +63,13 @@ class Rate:
         object.__setattr__(self, "window_us", self.window * US)
         object.__setattr__(self, "capacity", self.limit if self.burst is None else self.burst)
         if self.limit <= 0 or self.window <= 0 or (self.burst is not None and self.burst <= 0):
-            raise ValueError(f"rate {self!s} must have a positive limit, window and burst")
+            # Numbers, not str(self): a zero window prints in whatever unit divides it
+            # ("1/0 days" for "1/0 seconds").
+            burst = "" if self.burst is None else f", burst {self.burst}"
+            raise ValueError(
+                f"a rate needs a positive limit, window and burst, not limit {self.limit}, "
+                f"window {self.window} s{burst}"
+            )
         object.__setattr__(self, "interval_us", self.window_us // self.limit)
         if self.window > MAX_WINDOW:
             raise ValueError(f"rate {self!s} has a window longer than 366 days; allowed: {_CAPS}")
@@ -118,13 +124,22 @@ def parse_rate(text: str | Rate) -> Rate:
     match = _RATE_RE.match(text) if len(text) <= 100 else None
     unit = _unit_seconds(match.group("unit")) if match else None
     if match is None or unit is None:
-        raise ValueError(f"malformed rate {text[:100]!r}: expected {ACCEPTED}")
+        raise ValueError(f"malformed rate {text[:100]!r}: expected {ACCEPTED}{_comma_hint(text)}")
     mult = int(match.group("mult") or 1)
     burst = match.group("burst")
     try:
         return Rate(int(match.group("limit")), mult * unit, int(burst) if burst else None)
     except ValueError as exc:
         raise ValueError(f"invalid rate {text!r}: {exc}; expected {ACCEPTED}") from None
+
+
+def _comma_hint(text: str) -> str:
+    """For "10/second; 100/day", rates joined by ';' (which only introduces a burst):
+    the comma form that ``parse_rates`` takes, when every part is a rate."""
+    parts = [part.strip() for part in text[:_MAX_TEXT].split(";")]
+    if len(parts) < 2 or not all(_RATE_RE.match(part) for part in parts):
+        return ""
+    return f"; to give several rates, separate them with commas: {', '.join(parts)!r}"
 
 
 class Rates(tuple[Rate, ...]):

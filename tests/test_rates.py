@@ -66,3 +66,27 @@ def test_parse_rate_raises_only_value_error(text: str) -> None:
         return
     assert rate.limit > 0 and rate.window > 0
     assert parse_rate(str(rate)) == rate
+
+
+@pytest.mark.parametrize("text", ["1/0 seconds", "1/0 minutes", "0/second", "10/second; burst=0"])
+def test_a_zero_rate_is_refused_naming_the_text_given(text: str) -> None:
+    """A zero limit, window or burst is refused quoting the text as written; the message
+    never re-prints the rate in another unit ("1/0 seconds" is not "1/0 days")."""
+    with pytest.raises(ValueError) as info:
+        parse_rate(text)
+    message = str(info.value)
+    assert repr(text) in message, message
+    assert "days" not in message, message
+
+
+def test_semicolon_between_rates_suggests_the_comma_form() -> None:
+    """"10/second; 100/day" is two rates joined by ';' where only '; burst=B' belongs:
+    the error names the text and suggests the comma form that parse_rates accepts."""
+    from flask_quota.rates import parse_rates
+
+    with pytest.raises(ValueError) as info:
+        parse_rates("10/second; 100/day")
+    message = str(info.value)
+    assert "'10/second; 100/day'" in message, message
+    assert "'10/second, 100/day'" in message, message
+    assert str(parse_rates("10/second, 100/day")) == "10/second, 100/day"
