@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
@@ -9,9 +10,12 @@ from typing import Any, TypeVar
 from urllib.parse import unquote
 
 from flask import Flask
+from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 
 from flask_quota import Plan
-from flask_quota.clock import US, wall_clock_us
+from flask_quota.clock import US, seconds_until, wall_clock_us
+from flask_quota.identity import client_ip
 from flask_quota.inspection import (
     BucketState,
     Caller,
@@ -21,6 +25,10 @@ from flask_quota.inspection import (
     peek,
     plan_of,
 )
+from flask_quota.keys import KeyBuilder
+from flask_quota.models import Client
+from flask_quota.policy import gate_check
+from flask_quota.sql_store import TablesMissing
 from flask_quota.state import QuotaState
 from flask_quota.storage import StorageError
 from flask_quota.usage import HOUR, SHADOW_DENIED, Mark, MinuteUsage
@@ -28,9 +36,13 @@ from flask_quota.usage import HOUR, SHADOW_DENIED, Mark, MinuteUsage
 __all__ = [
     "KIND_LABELS",
     "Bucket",
+    "NameCache",
     "Reads",
+    "block_left",
     "buckets",
+    "canonical_tag",
     "display_name",
+    "duration_text",
     "identity_checks",
     "identity_kind",
     "identity_plan",
@@ -108,6 +120,7 @@ class Reads:
             "fail_mode_effect": FAIL_MODE_EFFECTS.get(self.state.settings.fail_mode.value, ""),
             "breaker_open": breaker_open,
             "probe_every_s": self.state.settings.breaker_cooldown,
+            "probe_every_text": duration_text(self.state.settings.breaker_cooldown),
         }
 
 
@@ -117,6 +130,73 @@ Bucket = BucketState  # what the identity pages list
 def valid_tag(tag: str) -> bool:
     """Identity tags as the extension builds them: ``id=...`` or ``ip=...``."""
     return is_tag(tag)
+
+
+def canonical_tag(tag: str) -> str | None:
+    """The tag the extension builds for what ``tag`` names, or ``None`` if it names nobody.
+
+    A hand-typed URL may leave a character unescaped (``id=acct:1`` for the identity
+    ``acct:1``, whose tag is ``id=acct%3A1``; ``ip=::1``): that is the same caller.
+    """
+    if not valid_tag(tag):
+        return None
+    raw = tag[3:]
+    if tag.startswith("ip="):
+        ip = client_ip(unquote(raw))
+        return None if ip == "unknown" else KeyBuilder.ip_tag(ip)
+    if raw.startswith("%h"):  # a digest of a long id: only the extension writes those
+        return tag if len(raw) == 66 and all(c in "0123456789abcdef" for c in raw[2:]) else None
+    return KeyBuilder.identity_tag(unquote(raw))
+
+
+_UNITS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
+
+
+def duration_text(seconds: float) -> str:
+    """A span as people say it, to its two largest units: ``1 h 9 min``, ``45 s``, ``3 d``."""
+    if 0 < seconds < 10 and seconds != int(seconds):
+        return f"{seconds:.2g} s"  # a sub-second setting, e.g. a breaker cooldown of 0.5 s
+    left = max(0, round(seconds))
+    parts: list[tuple[int, str]] = []
+    for unit, size in _UNITS:
+        count, left = divmod(left, size)
+        if count or parts:
+            parts.append((count, unit))
+        if len(parts) == 2:
+            break
+    shown = [f"{count} {unit}" for count, unit in parts if count]
+    return " ".join(shown) or "0 s"
+
+
+class NameCache:
+    """Client names by id, for lists that would otherwise show bare ids.
+
+    Read from SQL at most once per ``ttl`` seconds per set of ids, and never a failure:
+    while the database does not answer, the lists show ids (``{}``) and the page
+    stays up (the overview is polled every second).
+    """
+
+    def __init__(self, ttl: float = 5.0) -> None:
+        self.ttl = ttl
+        self._names: dict[str, str] = {}
+        self._until = 0.0
+        self._asked: frozenset[str] = frozenset()
+
+    def names(self, state: QuotaState, ids: set[str]) -> dict[str, str]:
+        wanted = frozenset(i for i in ids if i.isdigit() and len(i) < 19)
+        now = time.monotonic()
+        if wanted and (now >= self._until or not wanted <= self._asked):
+            self._until, self._asked = now + self.ttl, wanted
+            try:
+                with state.sql.session() as session:
+                    rows = session.execute(
+                        select(Client.id, Client.name).where(Client.id.in_(int(i) for i in wanted))
+                    ).all()
+            except (SQLAlchemyError, TablesMissing):
+                self._names = {}
+            else:
+                self._names = {str(row.id): row.name for row in rows}
+        return {i: self._names[i] for i in wanted if i in self._names}
 
 
 def display_name(tag: str) -> str:
@@ -170,6 +250,20 @@ def identity_checks(app: Flask, state: QuotaState, tag: str, plan: Plan) -> list
 def buckets(state: QuotaState, reads: Reads, checks: list[TierCheck]) -> list[Bucket] | None:
     """Every bucket's state read without consuming; ``None`` if the storage is down."""
     return reads.run(lambda: peek(state, checks))
+
+
+def block_left(state: QuotaState, reads: Reads, tag: str) -> dict[str, Any] | None:
+    """How long ``tag`` stays blocked (``{"seconds", "text"}``), ``None`` if it is not,
+    or ``{"seconds": None}`` while the storage cannot say."""
+    gate = gate_check(state.policy.keys, tag)
+    verdict = reads.run(lambda: state.storage.peek([gate]))
+    if verdict is None:
+        return {"seconds": None, "text": "unknown"}
+    outcome = verdict.outcomes[0]
+    if outcome.allowed:
+        return None
+    seconds = max(1, seconds_until(outcome.reset_us, verdict.now_us))
+    return {"seconds": seconds, "text": duration_text(seconds)}
 
 
 def series(minutes: list[MinuteUsage]) -> dict[str, dict[str, list[int]]]:

@@ -23,6 +23,7 @@ from flask import (
 from flask.blueprints import BlueprintSetupState
 
 from flask_quota import blocks, inspection
+from flask_quota.admin import AdminError, parse_duration
 from flask_quota.inspection import Caller
 from flask_quota.state import QuotaState, exempt, get_state
 from flask_quota.storage import StorageError
@@ -35,6 +36,7 @@ from .session import flash
 __all__ = ["BLUEPRINT_NAME", "make_blueprint"]
 
 BLUEPRINT_NAME = "quota_dashboard"
+REASON_MAX = 200  # what blocks.block keeps of a reason
 
 # No inline script or style anywhere: everything is served from our static folder.
 CSP = (
@@ -77,6 +79,7 @@ def make_blueprint() -> Blueprint:
         app.extensions["quota_dashboard"] = auth_from_config(
             app.config, state.storage, state.policy.keys
         )
+        app.extensions["quota_dashboard_names"] = data.NameCache()
 
     @bp.before_request
     def guard() -> Response | None:
@@ -112,7 +115,11 @@ def make_blueprint() -> Blueprint:
     @bp.context_processor
     def storage_status() -> dict[str, Any]:
         # Called by base.html, so every page shows an outage; lazy, as only our pages need it.
-        return {"quota_storage": lambda: _reads().health(), "kind_labels": data.KIND_LABELS}
+        return {
+            "quota_storage": lambda: _reads().health(),
+            "kind_labels": data.KIND_LABELS,
+            "duration": data.duration_text,  # one way to say a span of time, on every page
+        }
 
     # The dashboard is never limited by the app's own quotas (logins are, see auth.py),
     # and a database that cannot answer gives a page that says so, never a 500.
@@ -130,14 +137,23 @@ def _app() -> Flask:
 
 def overview_page() -> str:
     return render_template(
-        "quota/overview.html",
-        data=data.overview(_app(), get_state(), _reads()),
-        near_percent=round(100 * data.NEAR_LIMIT),
+        "quota/overview.html", data=_overview(), near_percent=round(100 * data.NEAR_LIMIT)
     )
 
 
 def overview_api() -> Response:
-    return jsonify(data.overview(_app(), get_state(), _reads()))
+    return jsonify(_overview())
+
+
+def _overview() -> dict[str, Any]:
+    """``data.overview``, with API clients named by their name rather than their id."""
+    state = get_state()
+    found = data.overview(_app(), state, _reads())
+    rows = found["top"] + found["near_limit"]
+    names = _names(state, [row["tag"] for row in rows])
+    for row in rows:
+        row["name"] = names.get(row["tag"], row["name"])
+    return found
 
 
 def chart_svg() -> Response:
@@ -158,22 +174,50 @@ def chart_svg() -> Response:
     return Response(svg, content_type="image/svg+xml")
 
 
+def _names(state: QuotaState, tags: list[str]) -> dict[str, str]:
+    """The client name of each tag that is a client's (``id=<client id>``)."""
+    ids = {t[3:] for t in tags if t.startswith("id=") and t[3:].isdigit()}
+    ids = {i for i in ids if state.catalog().client_plan(i) is not None}
+    cache: data.NameCache = current_app.extensions["quota_dashboard_names"]
+    found = cache.names(state, ids) if ids else {}
+    return {f"id={i}": name for i, name in found.items()}
+
+
 def _label(state: QuotaState, tag: str) -> str:
-    """``IP 1.2.3.4`` or ``user IP 1.2.3.4``: the kind first, then the name verbatim."""
-    return f"{data.KIND_LABELS[data.identity_kind(state, tag)]} {data.display_name(tag)}"
+    """``IP 1.2.3.4``, ``user IP 1.2.3.4``, ``client acme``: the kind, then the name verbatim."""
+    name = _names(state, [tag]).get(tag, data.display_name(tag))
+    return f"{data.KIND_LABELS[data.identity_kind(state, tag)]} {name}"
+
+
+def _canonical(tag: str) -> str:
+    """The caller's tag as the extension writes it; "no such caller" (404) when it names
+    nobody (an IP that is no address, a digest nobody wrote)."""
+    canonical = data.canonical_tag(tag)
+    if canonical is None:
+        abort(
+            Response(
+                render_template("quota/not_found.html", tag=tag[:300]),
+                404,
+                content_type="text/html",
+            )
+        )
+    return canonical
+
+
+def _failure(exc: StorageError) -> str:
+    """The kind of storage failure, not its message: that may name the storage's URL."""
+    return type(exc.__cause__ or exc).__name__
 
 
 def identity_search() -> Response:
     raw = request.args.get("q", "").strip()
     if not raw:
         return redirect(url_for(".overview_page"))  # type: ignore[return-value]
-    tag = raw if data.valid_tag(raw) else Caller.guess(raw[:200]).tag
+    tag = data.canonical_tag(raw) or Caller.guess(raw[:200]).tag
     return redirect(url_for(".identity_page", tag=tag))  # type: ignore[return-value]
 
 
 def _identity(tag: str) -> dict[str, Any]:
-    if not data.valid_tag(tag):
-        abort(404)
     state, reads = get_state(), _reads()
     reads.health()  # first: a dead storage is found by one ping, and later reads are skipped
     plan = data.identity_plan(state, reads, tag)
@@ -185,6 +229,7 @@ def _identity(tag: str) -> dict[str, Any]:
         "name": data.display_name(tag),
         "plan": plan.name,
         "buckets": None if buckets is None else [asdict(b) for b in buckets],
+        "blocked": data.block_left(state, reads, tag),
         "tiers": data.tier_totals(data.usage_minutes(state, reads, tag) or []),
         "client": None,
         "storage": reads.health(),
@@ -195,67 +240,134 @@ def _identity(tag: str) -> dict[str, Any]:
         client = next((c for c in a.clients() if str(c.id) == client_id), None)
         if client is not None:
             info["client"] = {"id": client.id, "name": client.name}
-            info["name"] = f"{client.name} (id {client.id})"
+            info["name"] = client.name
             info["plans"] = [p.name for p in a.plans()]
             info["overrides"] = a.overrides(client_id)
     return info
 
 
-def identity_page(tag: str) -> str:
+def identity_page(tag: str, block_error: str | None = None, status: int = 200) -> Any:
+    canonical = _canonical(tag)
+    if canonical != tag:  # e.g. a hand-typed ":": the same caller, at its own address
+        return redirect(url_for(".identity_page", tag=canonical))
     info = _identity(tag)
-    return render_template("quota/identity.html", info=info)
+    page = render_template("quota/identity.html", info=info, block_error=block_error)
+    return page, status
 
 
 def identity_api(tag: str) -> Response:
+    canonical = _canonical(tag)
+    if canonical != tag:
+        return redirect(url_for(".identity_api", tag=canonical))  # type: ignore[return-value]
     info = _identity(tag)
     info.pop("overrides", None)
     return jsonify(info)
 
 
 def identity_reset(tag: str) -> Response:
-    if not data.valid_tag(tag):
-        abort(404)
+    tag = _canonical(tag)
     state = get_state()
     plan = data.identity_plan(state, _reads(), tag)
     checks = data.identity_checks(_app(), state, tag, plan)
-    # Audited first: a reset that then fails leaves a record, never a silent change.
-    admin().record("usage.reset", tag, None, {"keys": len(checks)})
     try:
-        count = inspection.reset(state, checks)  # also tells every worker to drop cached denials
+        # Audited by inspection.reset (usage.reset, then usage.reset.failed if it fails);
+        # it also tells every worker to drop its cached denials.
+        count = inspection.reset(state, checks, actor=admin().actor, caller=Caller.from_tag(tag))
     except StorageError as exc:
-        flash(
-            f"Reset failed: storage unavailable ({type(exc.__cause__ or exc).__name__}).", "error"
-        )
+        flash(f"Reset failed: storage unavailable ({_failure(exc)}); nothing was reset.", "error")
     else:
         flash(f"Reset {count} buckets of {_label(state, tag)}.", "ok")
     return redirect(url_for(".identity_page", tag=tag))  # type: ignore[return-value]
 
 
-def blocks_page() -> tuple[str, int]:
+def blocks_page(error: str | None = None, status: int = 200) -> tuple[str, int]:
+    state = get_state()
     try:
-        found, error = blocks.list_blocks(get_state()), None
+        found, listing_error = blocks.list_blocks(state), None
     except StorageError as exc:
-        found, error = [], f"Storage unavailable: blocks cannot be listed ({exc})."
+        found, listing_error = (
+            [],
+            f"Storage unavailable: blocks cannot be listed ({_failure(exc)}).",
+        )
+    names = _names(state, [b.tag for b in found])
     rows = [
-        {**dataclasses.asdict(b), "until_text": time.strftime("%F %T", time.gmtime(b.until))}
+        {
+            **dataclasses.asdict(b),
+            "until_text": time.strftime("%F %T", time.gmtime(b.until)),
+            "kind": data.identity_kind(state, b.tag),
+            "name": names.get(b.tag, b.name),
+        }
         for b in found
     ]
-    return render_template("quota/blocks.html", blocks=rows, error=error), 200
+    page = render_template(
+        "quota/blocks.html", blocks=rows, error=error, listing_error=listing_error
+    )
+    return page, status
+
+
+def _block_form() -> tuple[int, str, bool]:
+    """Duration (seconds), reason and "show the reason to the caller" from the form;
+    ``AdminError`` with the fix when the duration or reason is refused."""
+    duration = request.form.get("duration", "").strip()
+    if not duration:
+        raise AdminError("say how long to block, e.g. 30m, 12h, 7d or 2w")
+    seconds = int(parse_duration(duration[:20]).total_seconds())
+    reason = request.form.get("reason", "").strip()
+    if len(reason) > REASON_MAX:
+        raise AdminError(f"the reason is {len(reason)} characters; keep it to {REASON_MAX}")
+    return seconds, reason, "public" in request.form
+
+
+def _block(caller: Caller, seconds: int, reason: str, public: bool) -> None:
+    state, a = get_state(), admin()
+    who = _label(state, caller.tag)
+    try:
+        blocks.block(state, caller, seconds, reason, a.actor, public=public)
+    except StorageError as exc:  # blocks.block has audited it as block.failed
+        flash(
+            f"Block failed: storage unavailable ({_failure(exc)}); {who} is not blocked.", "error"
+        )
+    else:
+        shown = " The caller sees the reason." if public and reason else ""
+        flash(f"Blocked {who} for {data.duration_text(seconds)}.{shown}", "ok")
+
+
+def identity_block(tag: str) -> Any:
+    tag = _canonical(tag)
+    try:
+        seconds, reason, public = _block_form()
+    except AdminError as exc:
+        return identity_page(tag, block_error=f"Block refused: {exc}. Nothing changed.", status=400)
+    _block(Caller.from_tag(tag), seconds, reason, public)
+    return redirect(url_for(".identity_page", tag=tag))
+
+
+def block_new() -> Any:
+    raw = request.form.get("caller", "").strip()[:200]
+    try:
+        if not raw:
+            raise AdminError("name the caller: an identity (e.g. a client id) or an IP address")
+        seconds, reason, public = _block_form()
+    except AdminError as exc:
+        return blocks_page(f"Block refused: {exc}. Nothing changed.", 400)
+    tag = data.canonical_tag(raw)
+    _block(Caller.from_tag(tag) if tag else Caller.guess(raw), seconds, reason, public)
+    return redirect(url_for(".blocks_page"))
 
 
 def block_lift(tag: str) -> Response:
-    if not data.valid_tag(tag):
-        abort(404)
-    caller = inspection.Caller.from_tag(tag)
+    tag = _canonical(tag)
+    state, a = get_state(), admin()
+    caller = Caller.from_tag(tag)
     try:
-        lifted = blocks.unblock(get_state(), caller, admin().actor)  # audited first
+        lifted = blocks.unblock(state, caller, a.actor)  # audited, failure included
     except StorageError as exc:
-        reason = type(exc.__cause__ or exc).__name__  # not the message: it may name the URL
-        flash(f"Unblock failed: storage unavailable ({reason}).", "error")
+        flash(f"Unblock failed: storage unavailable ({_failure(exc)}); still blocked.", "error")
     else:
-        name = _label(get_state(), tag)
+        name = _label(state, tag)
         flash(f"Unblocked {name}." if lifted else f"{name} was not blocked.", "ok")
-    return redirect(url_for(".blocks_page"))  # type: ignore[return-value]
+    back = ".identity_page" if request.form.get("next") == "identity" else ".blocks_page"
+    return redirect(url_for(back, tag=tag) if back == ".identity_page" else url_for(back))  # type: ignore[return-value]
 
 
 ROUTES: list[tuple[str, Any, list[str]]] = [
@@ -266,6 +378,8 @@ ROUTES: list[tuple[str, Any, list[str]]] = [
     ("/identity/<path:tag>", identity_page, ["GET"]),
     ("/api/identity/<path:tag>", identity_api, ["GET"]),
     ("/identity/<path:tag>/reset", identity_reset, ["POST"]),
+    ("/identity/<path:tag>/block", identity_block, ["POST"]),
     ("/blocks", blocks_page, ["GET"]),
+    ("/blocks/new", block_new, ["POST"]),
     ("/blocks/<path:tag>/unblock", block_lift, ["POST"]),
 ]

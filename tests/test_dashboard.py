@@ -289,8 +289,8 @@ def test_identity_named_like_an_ip_is_not_shown_as_that_ip(ops_app: Flask) -> No
         ("user", "IP 6.6.6.6"),
     ]
     for tag, kind in (("id=IP%206.6.6.6", "user"), ("ip=6.6.6.6", "IP")):
-        page = http.get(f"/quota/identity/{tag}", headers=OPS).get_data(as_text=True)
-        heading = re.search(r"<h1>(.*?)</h1>", page, re.S)
+        page = http.get(f"/quota/identity/{tag}", headers=OPS, follow_redirects=True)
+        heading = re.search(r"<h1>(.*?)</h1>", page.get_data(as_text=True), re.S)
         assert heading is not None
         assert f'">{kind}</span> <span class="identity">' in heading.group(1), heading.group(1)
 
