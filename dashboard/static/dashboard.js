@@ -106,7 +106,7 @@
     setText("outage-error", s.error ? " (" + s.error + ")" : "");
     setText("outage-mode", s.fail_mode);
     setText("outage-effect", s.fail_mode_effect);
-    setText("outage-probe", s.probe_every_s);
+    setText("outage-probe", s.probe_every_text);
     show("outage-breaker", s.breaker_open);
     show("outage", s.fail_mode_active);
   }
