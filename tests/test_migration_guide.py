@@ -140,6 +140,24 @@ def test_exempting_a_parent_blueprint_exempts_nested_ones_without_a_limit(
     assert "ExemptionScope.DESCENDENTS" in GUIDE
 
 
+def test_a_blueprint_limit_gives_each_view_its_own_bucket(app: Flask, clock: FrozenClock) -> None:
+    """The guide's stand-in for default_limits: `quota.limit(rate)(bp)` gives each view of
+    the blueprint without a limit of its own a bucket of that rate; a view's own wins."""
+    app.config.update(DECORATOR_ONLY)
+    quota = Quota(app, storage=MemoryStorage(clock))
+    api = Blueprint("api", __name__)
+    api.add_url_rule("/a", "a", lambda: "a")
+    api.add_url_rule("/b", "b", lambda: "b")
+    api.add_url_rule("/c", "c", quota.limit("1/minute")(lambda: "c"))
+    quota.limit("2/minute")(api)
+    app.register_blueprint(api)
+    client = app.test_client()
+    assert statuses(client, "/a", 3) == [200, 200, 429]
+    assert statuses(client, "/b", 3) == [200, 200, 429]  # not /a's bucket
+    assert statuses(client, "/c", 2) == [200, 429]
+    assert 'quota.limit("100/minute")(bp)' in GUIDE
+
+
 def test_cost_weighs_the_endpoint_tier_only(app: Flask, clock: FrozenClock) -> None:
     """cost=5 takes 5 units of the endpoint tier but one request of the user tier: a
     user tier of 3/minute admits three such requests, not none."""
