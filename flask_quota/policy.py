@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .algorithms import Algorithm, Gate, Outcome
+from .algorithms import Algorithm, Gate, Outcome, bucket_ceiling
 from .clock import seconds_until
 from .keys import KeyBuilder
 from .plans import ENFORCED, LimitMode, Plan
@@ -131,7 +131,8 @@ class Decision:
         """This decision with ``delta`` units more room on the endpoint tier (a refund
         is positive, a charge after the fact negative), for the response headers.
 
-        A token bucket's reset moves by the units' worth of time; a window's stays.
+        A token bucket's reset moves by the units' worth of time, at most to where a
+        charge's debt is bounded (``bound_debt``); a window's stays.
         """
         results = []
         for r in self.results:
@@ -141,6 +142,7 @@ class Decision:
                 if algorithm is Algorithm.TOKEN_BUCKET:
                     interval = r.rate.interval_us
                     reset = max(self.now_us, reset - delta * interval)
+                    reset = min(reset, bucket_ceiling(r.rate, self.now_us))
                 outcome = o._replace(remaining=min(o.limit, o.remaining + delta), reset_us=reset)
                 r = replace(r, outcome=outcome)
             results.append(r)

@@ -80,7 +80,7 @@ def test_a_zero_rate_is_refused_naming_the_text_given(text: str) -> None:
 
 
 def test_semicolon_between_rates_suggests_the_comma_form() -> None:
-    """"10/second; 100/day" is two rates joined by ';' where only '; burst=B' belongs:
+    """Two rates joined by ';' ("10/second; 100/day"), where only '; burst=B' belongs:
     the error names the text and suggests the comma form that parse_rates accepts."""
     from flask_quota.rates import parse_rates
 

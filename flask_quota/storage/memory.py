@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..adjust import CHARGES, REFUNDS, Change
-from ..algorithms import ALGORITHMS, Algorithm, Step, block_gate
+from ..algorithms import ALGORITHMS, Algorithm, Step, block_gate, bound_debt, charged_units
 from ..rates import Rate
 from ..usage import MemoryUsageSink, UsageSink
 from .base import BlockEntry, Check, Clock, Reply, Verdict, verdict_of, wall_clock_us
@@ -74,9 +74,15 @@ class MemoryStorage:
             now = self._clock()
             self._sweep(now)
             for check in checks:
-                if check.cost > 0 and isinstance(check.algorithm, Algorithm):
+                algorithm, rate = check.algorithm, check.rate
+                if check.cost > 0 and isinstance(algorithm, Algorithm):
                     state = self._live(check.key, now)
-                    change = CHARGES[check.algorithm](state, now, check.rate, check.cost)
+                    cost = charged_units(algorithm, rate, check.cost)
+                    change = CHARGES[algorithm](state, now, rate, cost)
+                    if change.state is not None and change.ttl_us is not None:
+                        change = Change(
+                            *bound_debt(algorithm, change.state, change.ttl_us, now, rate)
+                        )
                     self._apply(check.key, change, now)
 
     def clear(self, keys: Sequence[str]) -> None:

@@ -1,27 +1,33 @@
 -- Charge without asking: quota.charge(n) after the response, past the limit if need be.
 -- Mirrors flask_quota.adjust.charge_*; the bucket goes into debt and the next
--- request waits until it is paid off.
+-- request waits until it is paid off. The debt is bounded as in
+-- flask_quota.algorithms.bound_debt, so every stored number stays below 2^53 (a cost
+-- past 2^53 arrives rounded, but then the sum is past the bound too: min is exact).
 -- KEYS[i]: a tier's state key.
 -- ARGV[1]: "" for the Redis server clock; an integer microsecond time only in tests.
 -- ARGV[2 + 5*(i-1) ...]: algorithm code, limit, window_us, capacity, cost.
 -- Returns the clock it used.
 local now = script_now(ARGV[1])
+local MAX_DEBT = 31622400000000 -- algorithms.MAX_DEBT_US: 366 days past empty
+local MAX_OVER = 1000000000000 -- rates.MAX_LIMIT: units a counter holds past its limit
 
-local function charge_bucket(key, limit, window, cost)
+local function charge_bucket(key, limit, window, capacity, cost)
   local tat = tonumber(redis.call('GET', key))
   local base = now
   if tat ~= nil and tat > now then base = tat end
-  local new_tat = base + cost * math.floor(window / limit)
+  local interval = math.floor(window / limit)
+  local new_tat = math.min(base + cost * interval, now + capacity * interval + MAX_DEBT)
   put(key, fmt(new_tat), new_tat - now)
 end
 
-local function charge_fixed(key, limit, window, cost)
+local function charge_fixed(key, limit, window, capacity, cost)
   local start = now - now % window
-  local count = fixed_count(key, start)
-  put(key, fmt(start) .. ':' .. fmt(count + cost), start + window - now)
+  local count = math.min(fixed_count(key, start) + cost, limit + MAX_OVER)
+  put(key, fmt(start) .. ':' .. fmt(count), start + window - now)
 end
 
-local function charge_log(key, limit, window, cost)
+-- The newest limit + 1 entries decide as all of them would (see bound_debt).
+local function charge_log(key, limit, window, capacity, cost)
   local entries = redis.call('LRANGE', key, 0, -1)
   local dropped = 0
   for _, raw in ipairs(entries) do
@@ -29,14 +35,15 @@ local function charge_log(key, limit, window, cost)
     if ts == nil or ts <= now - window then dropped = dropped + 1 else break end
   end
   if dropped > 0 then redis.call('LTRIM', key, dropped, -1) end
-  push_times(key, now, cost)
+  push_times(key, now, math.min(cost, limit + 1))
+  redis.call('LTRIM', key, -(limit + 1), -1)
   redis.call('PEXPIRE', key, math.ceil(window / 1000))
 end
 
-local function charge_counter(key, limit, window, cost)
+local function charge_counter(key, limit, window, capacity, cost)
   local start = now - now % window
   local prev, cur = counter_counts(key, start, window)
-  cur = cur + cost
+  cur = math.min(cur + cost, limit + MAX_OVER)
   put(key, fmt(start) .. ':' .. fmt(prev) .. ':' .. fmt(cur), start + 2 * window - now)
 end
 
@@ -52,6 +59,8 @@ for i, key in ipairs(KEYS) do
   local charge = charges[ARGV[a]]
   if charge == nil then return redis.error_reply('flask-quota: unknown algorithm ' .. tostring(ARGV[a])) end
   local cost = tonumber(ARGV[a + 4])
-  if cost > 0 then charge(key, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), cost) end
+  if cost > 0 then
+    charge(key, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), cost)
+  end
 end
 return now
