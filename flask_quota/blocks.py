@@ -11,8 +11,10 @@ With ``QUOTA_BLOCK_AFTER`` set, each denied request charges the caller's
 that bucket denies, the caller is blocked for ``QUOTA_BLOCK_FOR`` seconds.
 Operators block and unblock by hand through ``quota.block``/``quota.unblock``,
 ``flask quota block|unblock|blocks list`` and the dashboard; each change is
-audited before it is made, and an unblock bumps the SQL version so that every
-worker's deny cache forgets the block within the sync interval.
+audited here before it is made (a storage call that fails adds ``<action>.failed``),
+and an unblock bumps the SQL version so that every worker's deny cache forgets
+the block within the sync interval. A blocked caller is told an operator blocked
+it, and the reason only if the operator made it public (``caller_facing``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from .storage import Check, Storage
 __all__ = [
     "Block",
     "block",
+    "caller_facing",
     "escalate",
     "gate_check",
     "list_blocks",
@@ -57,6 +60,7 @@ class Block:
     remaining: int  # whole seconds left
     reason: str
     by: str  # "auto" (QUOTA_BLOCK_AFTER) or who blocked by hand
+    public: bool = False  # the caller's 429 shows the reason (blocks before it: never)
 
 
 def escalate(
@@ -94,39 +98,54 @@ def escalate(
 # -- tools: quota.block/unblock/blocks, the CLI and the dashboard ---------------
 
 
-def block(state: QuotaState, caller: Caller, seconds: int, reason: str, actor: str) -> list[str]:
+def block(
+    state: QuotaState,
+    caller: Caller,
+    seconds: int,
+    reason: str,
+    actor: str,
+    *,
+    public: bool = False,
+) -> list[str]:
     """Block the caller's identity, and the anonymous caller of its address if one is
-    named, for ``seconds``; audited first. Returns the blocked tags."""
+    named, for ``seconds``. Returns the blocked tags.
+
+    Each tag is audited before its block is written; a write that fails adds a
+    ``block.failed`` entry and raises (the tags after it are left alone). ``public``:
+    the caller's 429 shows ``reason`` (otherwise it only says an operator blocked it).
+    """
     if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0:
         raise ValueError(f"seconds must be a whole number above 0, got {seconds!r}")
     if not isinstance(reason, str):
         raise ValueError(f"reason must be a string, got {type(reason).__name__}")
     reason = reason.strip()[:_REASON_MAX]
-    tags = tags_of(caller)
+    tags = caller.tags
     admin = QuotaAdmin(state.sql, actor=actor)
+    info = _info(reason, admin.actor, seconds, public=bool(public))
+    entry = {"seconds": seconds, "reason": reason, "public": bool(public)}
     for tag in tags:
-        admin.record("block", tag, None, {"seconds": seconds, "reason": reason})
-    info = _info(reason, admin.actor, seconds)
-    for tag in tags:
-        state.storage.block(state.policy.keys.block_key(tag), seconds, info)
+        with admin.audited("block", tag, None, entry):
+            state.storage.block(state.policy.keys.block_key(tag), seconds, info)
     return tags
 
 
 def unblock(state: QuotaState, caller: Caller, actor: str) -> list[str]:
-    """Lift the blocks of ``block``'s tags (and forget their denials); audited first.
+    """Lift the blocks of ``block``'s tags (and forget their denials). Returns the tags
+    that were blocked.
 
-    Bumps the SQL version so that every worker's deny cache forgets the block
-    within the sync interval. Returns the tags that were blocked.
+    Each tag is audited before it is touched; a storage call that fails adds an
+    ``unblock.failed`` entry and raises. Then bumps the SQL version so that every
+    worker's deny cache forgets the block within the sync interval.
     """
-    keys, tags = state.policy.keys, tags_of(caller)
-    gates = [gate_check(keys, tag) for tag in tags]
-    verdict = state.storage.peek(gates)
-    blocked = [t for t, o in zip(tags, verdict.outcomes, strict=True) if not o.allowed]
+    keys, tags = state.policy.keys, caller.tags
     admin = QuotaAdmin(state.sql, actor=actor)
+    blocked = []
     for tag in tags:
-        admin.record("unblock", tag, {"blocked": tag in blocked}, None)
-    denials = [keys.denials_key(tag, state.settings.algorithm) for tag in tags]
-    state.storage.clear([g.key for g in gates] + denials)
+        gate = gate_check(keys, tag)
+        with admin.audited("unblock", tag):
+            if not state.storage.peek([gate]).outcomes[0].allowed:
+                blocked.append(tag)
+            state.storage.clear([gate.key, keys.denials_key(tag, state.settings.algorithm)])
     state.sql.bump()
     return blocked
 
@@ -152,6 +171,7 @@ def list_blocks(state: QuotaState) -> list[Block]:
                 max(1, ceil_seconds(entry.remaining_us)),
                 str(info.get("reason", "")),
                 str(info.get("by", "")),
+                info.get("public") is True,
             )
         )
     return sorted(found, key=lambda b: (-b.until, b.tag))
@@ -159,11 +179,26 @@ def list_blocks(state: QuotaState) -> list[Block]:
 
 def tags_of(caller: Caller) -> list[str]:
     """The tags ``block``/``unblock`` act on: the caller's, and its address's if named."""
-    tags = [caller.tag]
-    if caller.ip_tag is not None and caller.ip_tag != caller.tag:
-        tags.append(caller.ip_tag)
-    return tags
+    return caller.tags
 
 
-def _info(reason: str, by: str, seconds: int) -> str:
-    return json.dumps({"reason": reason, "by": by, "at": int(time.time()), "seconds": seconds})
+def caller_facing(info: str) -> dict[str, str | None]:
+    """What a blocked caller may be told about its block (``CallerBlocked``'s keywords),
+    from the JSON stored with it: who blocked (``"auto"`` or an operator) and the
+    reason only if the operator made it public. Blocks stored by earlier releases
+    have no ``public`` flag: their reason stays private."""
+    try:
+        data = json.loads(info)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return {"by": None, "reason": None}
+    by = data.get("by")
+    reason = data.get("reason")
+    shown = reason if data.get("public") is True and isinstance(reason, str) and reason else None
+    return {"by": by if isinstance(by, str) else None, "reason": shown}
+
+
+def _info(reason: str, by: str, seconds: int, *, public: bool = False) -> str:
+    at = int(time.time())
+    return json.dumps({"reason": reason, "by": by, "at": at, "seconds": seconds, "public": public})

@@ -330,11 +330,17 @@ def overrides_remove(override_id: str, actor: str) -> None:
 # -- usage and resets -------------------------------------------------------------
 
 
-def _buckets(identity: str | None, ip: str | None, plan_name: str | None) -> list[TierCheck]:
+def _caller(identity: str | None, ip: str | None) -> inspection.Caller:
+    try:
+        return inspection.Caller.of(identity, ip)
+    except ValueError as exc:
+        raise AdminError(str(exc)) from None
+
+
+def _buckets(caller: inspection.Caller, plan_name: str | None) -> list[TierCheck]:
     """The cost-0 checks over every bucket the request path would use for this caller."""
     state = _state()
     try:
-        caller = inspection.Caller.of(identity, ip)
         # Fresh from SQL: a CLI process starts no poller.
         plan = inspection.plan_of(state, caller, plan=plan_name, catalog=_store().load())
     except ValueError as exc:
@@ -351,6 +357,18 @@ def _warn_if_memory() -> None:
         )
 
 
+def _refuse_if_memory(action: str, page: str) -> None:
+    """Memory storage lives in each server process: a change made from this one would
+    print success and reach nothing, so it is refused before anything is audited."""
+    if _state().storage.name == "memory":
+        raise click.ClickException(
+            f"QUOTA_STORAGE_URL is memory://: counters and blocks live inside each server "
+            f"process, so a {action} from this command would not reach the server. Use the "
+            f"dashboard ({page}) or call quota.{action}(...) in the app; or set "
+            "QUOTA_STORAGE_URL to a Redis that every process shares"
+        )
+
+
 identity_argument = click.argument("identity", required=False)
 ip_option = click.option("--ip", help="A client address: its global tier (and, alone, anonymous).")
 plan_option = click.option("--plan", help="The plan to assume (default: the client's own).")
@@ -363,7 +381,7 @@ plan_option = click.option("--plan", help="The plan to assume (default: the clie
 @_one_line_errors
 def usage(identity: str | None, ip: str | None, plan: str | None) -> None:
     """Show IDENTITY's current buckets without charging them."""
-    checks = _buckets(identity, ip, plan)
+    checks = _buckets(_caller(identity, ip), plan)
     _warn_if_memory()
     rows = [
         [b.tier, b.name, b.rate, f"{b.remaining}/{b.limit}", f"{b.reset_in} s"]
@@ -379,23 +397,15 @@ def usage(identity: str | None, ip: str | None, plan: str | None) -> None:
 @_one_line_errors
 def reset(identity: str | None, ip: str | None, actor: str) -> None:
     """Empty IDENTITY's buckets (and the global one of --ip) so its limits start afresh."""
-    admin = _admin(actor)
-    checks = _buckets(identity, ip, None)
-    _warn_if_memory()
-    target = f"identity:{identity}" if identity is not None else f"ip:{ip}"
-    with admin.audited("usage.reset", target, None, {"ip": ip, "buckets": len(checks)}):
-        count = inspection.reset(_state(), checks)  # audited first: no reset goes unrecorded
-    click.echo(f"reset {count} buckets of {target}")
+    caller = _caller(identity, ip)
+    _refuse_if_memory("reset", "Reset on the caller's identity page")
+    checks = _buckets(caller, None)
+    # Audited first (a failed clear is recorded as usage.reset.failed).
+    count = inspection.reset(_state(), checks, actor=actor, caller=caller)
+    click.echo(f"reset {count} buckets of {caller.tag}")
 
 
 # -- blocks -----------------------------------------------------------------------
-
-
-def _caller(identity: str | None, ip: str | None) -> inspection.Caller:
-    try:
-        return inspection.Caller.of(identity, ip)
-    except ValueError as exc:
-        raise AdminError(str(exc)) from None
 
 
 @quota_cli.command("block", context_settings=_RAW)
@@ -403,14 +413,22 @@ def _caller(identity: str | None, ip: str | None) -> inspection.Caller:
 @click.option("--ip", help="A client address: blocks the anonymous caller from it.")
 @click.option("--for", "duration", required=True, help="How long, e.g. 10m, 12h, 7d.")
 @click.option("--reason", default="", help="Why, for the audit log and the blocks list.")
+@click.option(
+    "--public/--private",
+    default=False,
+    show_default=True,
+    help="Public: the blocked caller's 429 shows the reason too.",
+)
 @actor_option
 @_one_line_errors
-def block(identity: str | None, ip: str | None, duration: str, reason: str, actor: str) -> None:
+def block(
+    identity: str | None, ip: str | None, duration: str, reason: str, public: bool, actor: str
+) -> None:
     """Refuse IDENTITY (or the anonymous caller of --ip) with 429 "blocked" for a while."""
     seconds = int(parse_duration(duration).total_seconds())
     caller = _caller(identity, ip)
-    _warn_if_memory()
-    for tag in blocks.block(_state(), caller, seconds, reason, actor):
+    _refuse_if_memory("block", "Block on the Blocks page")
+    for tag in blocks.block(_state(), caller, seconds, reason, actor, public=public):
         click.echo(f"blocked {tag} for {seconds} s")
 
 
@@ -422,9 +440,9 @@ def block(identity: str | None, ip: str | None, duration: str, reason: str, acto
 def unblock(identity: str | None, ip: str | None, actor: str) -> None:
     """Lift the block of IDENTITY (or of --ip); every worker serves it again within 2 s."""
     caller = _caller(identity, ip)
-    _warn_if_memory()
+    _refuse_if_memory("unblock", "Unblock on the Blocks page")
     lifted = blocks.unblock(_state(), caller, actor)
-    for tag in blocks.tags_of(caller):
+    for tag in caller.tags:
         click.echo(f"unblocked {tag}" if tag in lifted else f"{tag} was not blocked")
 
 

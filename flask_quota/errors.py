@@ -128,15 +128,23 @@ class CallerBlocked(QuotaExceeded):
     """The caller is blocked (``QUOTA_BLOCK_AFTER`` or ``quota.block``): 429 with
     ``"tier": "blocked"`` and ``Retry-After`` the rest of the block.
 
-    ``decision`` holds the tiers as the storage saw them; none was charged.
+    ``decision`` holds the tiers as the storage saw them; none was charged. ``by``
+    is who blocked, as stored with the block (``"auto"``: ``QUOTA_BLOCK_AFTER``;
+    anything else: an operator); ``reason`` is shown only when given, which
+    ``blocks.caller_facing`` does for a reason the operator made public.
     """
 
-    def __init__(self, decision: Decision, block: Outcome) -> None:
+    def __init__(
+        self,
+        decision: Decision,
+        block: Outcome,
+        *,
+        by: str | None = None,
+        reason: str | None = None,
+    ) -> None:
         retry_after = max(1, decision.seconds_until(decision.now_us + block.retry_after_us))
         # Not QuotaExceeded.__init__: no tier denied, the block did.
-        TooManyRequests.__init__(
-            self, f"Blocked for {retry_after} more s after too many denied requests."
-        )
+        TooManyRequests.__init__(self, _blocked_detail(retry_after, by, reason))
         self.decision = decision
         self.tier = "blocked"
         self.policy = "blocked"
@@ -151,6 +159,16 @@ class CallerBlocked(QuotaExceeded):
 
     def problem(self) -> dict[str, Any]:
         return {**super().problem(), "violated-policies": ["blocked"]}
+
+
+def _blocked_detail(retry_after: int, by: str | None, reason: str | None) -> str:
+    """A block's ``detail``: said to be an operator's only when it is one (unknown: neither)."""
+    if by == "auto":
+        return f"Blocked for {retry_after} more s after too many denied requests."
+    if not by:
+        return f"Blocked for {retry_after} more s."
+    detail = f"Blocked by an operator for {retry_after} more s."
+    return f"{detail} Reason: {reason}" if reason else detail
 
 
 class QuotaUnavailable(_Problem, ServiceUnavailable):

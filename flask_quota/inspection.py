@@ -13,6 +13,7 @@ from urllib.parse import unquote
 
 from flask import Flask
 
+from .admin import QuotaAdmin
 from .clock import seconds_until
 from .identity import client_ip
 from .keys import KeyBuilder
@@ -71,6 +72,13 @@ class Caller:
         """An operator's search: an IP address if ``text`` parses as one, else an identity."""
         ip = client_ip(text)
         return cls.of(ip=text) if ip != "unknown" else cls.of(identity=text)
+
+    @property
+    def tags(self) -> list[str]:
+        """The tags a reset or block acts on: the caller's, and its address's if named."""
+        if self.ip_tag is not None and self.ip_tag != self.tag:
+            return [self.tag, self.ip_tag]
+        return [self.tag]
 
     @property
     def anonymous(self) -> bool:
@@ -156,14 +164,33 @@ def peek(state: QuotaState, checks: Sequence[TierCheck]) -> list[BucketState]:
     ]
 
 
-def reset(state: QuotaState, checks: Sequence[TierCheck]) -> int:
+def reset(
+    state: QuotaState,
+    checks: Sequence[TierCheck],
+    *,
+    actor: str = "api",
+    caller: Caller | None = None,
+) -> int:
     """Forget the buckets of ``checks``; returns how many. Raises ``StorageError``.
 
-    Then bumps the SQL version: every worker's deny cache forgets its denials
-    within the sync interval, so no worker keeps refusing the caller until the
-    old retry time.
+    Audited under ``actor`` before anything is cleared (a ``usage.reset`` entry
+    whose target is the caller's tag, from ``caller`` or else from the keys); a
+    clear that fails adds ``usage.reset.failed``. So ``quota.reset``, the CLI and
+    the dashboard write the same entries. Then bumps the SQL version: every
+    worker's deny cache forgets its denials within the sync interval, so no worker
+    keeps refusing the caller until the old retry time.
     """
     keys = [c.check.key for c in checks]
-    state.storage.clear(keys)
+    tags = caller.tags if caller is not None else _tags_in(keys)
+    target = tags[0] if tags else "-"
+    after = {"buckets": len(keys), "tags": tags}
+    with QuotaAdmin(state.sql, actor=actor).audited("usage.reset", target, None, after):
+        state.storage.clear(keys)
     state.sql.bump()
     return len(keys)
+
+
+def _tags_in(keys: Sequence[str]) -> list[str]:
+    """The caller tags (``{...}`` of ``KeyBuilder``'s keys) in ``keys``, identities first."""
+    tags = dict.fromkeys(key[key.find("{") + 1 : key.rfind("}")] for key in keys if "{" in key)
+    return sorted(tags, key=lambda tag: not tag.startswith("id="))

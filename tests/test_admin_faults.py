@@ -21,6 +21,7 @@ from flask_quota.admin import AdminError, QuotaAdmin
 from flask_quota.models import Client, PlanLimit, PlanRecord
 from flask_quota.sql_store import DEFAULT_DATABASE_FILE, SqlStore
 from flask_quota.storage import MemoryStorage, StorageError
+from tests.servers import RedisServer
 from tests.sqldb import DATABASES, database, sql_store
 from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app
 
@@ -63,9 +64,29 @@ def refuse_audit_entries(url: str) -> None:
     engine.dispose()
 
 
-def test_a_reset_whose_audit_entry_cannot_be_written_clears_nothing(app: Flask) -> None:
+@pytest.mark.redis
+def test_a_reset_whose_audit_entry_cannot_be_written_clears_nothing(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
     """`flask quota reset` writes its audit entry first: when that fails, the counters
-    are left as they were and the command says why."""
+    (in the Redis the server shares) are left as they were and the command says why."""
+    redis_server.client().flushall()
+    app = Flask(__name__, instance_path=str(tmp_path / "instance"))
+    app.config.update(
+        TESTING=True,
+        QUOTA_PLANS=PLANS,
+        QUOTA_DATABASE_URL=f"sqlite:///{tmp_path / 'q.sqlite3'}",
+        QUOTA_STORAGE_URL=redis_server.url,
+    )
+    Quota(app)
+    app.add_url_rule("/items", "items", lambda: "items")
+    try:
+        _reset_refused(app)
+    finally:
+        sql_store(app).close()
+
+
+def _reset_refused(app: Flask) -> None:
     http = app.test_client()
     assert [http.get("/items").status_code for _ in range(3)] == [200] * 3
     runner = app.test_cli_runner()

@@ -6,9 +6,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from flask import Flask
 
 from flask_quota.admin import QuotaAdmin
+from flask_quota.storage import storage_from_url
+from tests.servers import RedisServer
 from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app
 
 
@@ -22,10 +25,13 @@ def cli(app: Flask, *args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def test_cli_block_list_and_unblock(tmp_path: Path) -> None:
-    """`block --for 10m` refuses the caller, `blocks list` shows it, `unblock` lifts it;
-    each change is in the audit log under --actor."""
-    app = dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
+@pytest.mark.redis
+def test_cli_block_list_and_unblock(tmp_path: Path, redis_server: RedisServer) -> None:
+    """On a Redis the server shares, `block --for 10m` refuses the caller, `blocks list`
+    shows it, `unblock` lifts it; each change is in the audit log under --actor."""
+    redis_server.client().flushall()
+    storage = storage_from_url(redis_server.url, timeout=2)
+    app = dashboard_app(tmp_path, storage, QUOTA_DASHBOARD_USERS={"ops": HASH})
     http = app.test_client()
     code, out = cli(app, "block", "mallory", "--for", "10m", "--reason", "abuse", "--actor", "kim")
     assert code == 0, out
@@ -90,4 +96,4 @@ def test_dashboard_reset_is_audited_before_it_clears(tmp_path: Path) -> None:
     token = csrf_from(http, "/quota/identity/id=amy")
     http.post("/quota/identity/id=amy/reset", headers=OPS, data={"csrf_token": token})
     assert http.get("/items", headers={"X-User": "amy"}).status_code == 200
-    assert audit(app)[-1] == ("dashboard:ops", "usage.reset", "id=amy")
+    assert ("dashboard:ops", "usage.reset", "id=amy") in audit(app)

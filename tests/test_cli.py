@@ -267,10 +267,10 @@ def test_usage_peeks_without_charging_and_reset_clears(
         assert re.search(r"endpoint\s+search \(GET\)\s+3/hour\s+1/3", first), first
         assert read(app, "usage", str(client_id)).output == first  # peeking charged nothing
         result = run(app, "reset", str(client_id))
-        assert result.exit_code == 0 and "reset 2 buckets of identity:" in result.output
+        assert result.exit_code == 0 and f"reset 2 buckets of id={client_id}" in result.output
         after = read(app, "usage", str(client_id)).output
         assert re.search(r"user\s+user\s+5/hour\s+5/5", after), after
-        assert audit(app)[-1] == ("alice", "usage.reset", f"identity:{client_id}")
+        assert audit(app)[-1] == ("alice", "usage.reset", f"id={client_id}")
         anonymous = read(app, "usage", "--ip", "127.0.0.1").output
         assert re.search(r"user\s+user\s+5/hour\s+5/5", anonymous), anonymous
     finally:
