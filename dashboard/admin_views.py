@@ -287,7 +287,26 @@ def _back(client_id: str) -> Response:
 
 def audit_page() -> str:
     entries = admin().audit_log(limit=200)
-    return render_template("quota/audit.html", entries=entries, dumps=_dumps)
+    return render_template("quota/audit.html", entries=entries, dumps=_dumps, changes=changes)
+
+
+def changes(before: Any, after: Any) -> tuple[Any, Any]:
+    """What an entry changed: of two mappings, only the keys whose values differ, and of
+    two lists under such a key, only the items not in the other (a plan's limits)."""
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return before, after
+    old, new = {}, {}
+    for key in sorted(set(before) | set(after)):
+        was, now = before.get(key), after.get(key)
+        if was == now:
+            continue
+        if isinstance(was, list) and isinstance(now, list):
+            was, now = [x for x in was if x not in now], [x for x in now if x not in was]
+        if key in before:
+            old[key] = was
+        if key in after:
+            new[key] = now
+    return old, new
 
 
 def _dumps(value: Any) -> str:

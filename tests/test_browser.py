@@ -105,8 +105,8 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
 def _context(browser: Browser, width: int = 1280, height: int = 900, **kw: Any) -> BrowserContext:
     context = browser.new_context(viewport={"width": width, "height": height}, **kw)
     context.set_default_timeout(5000)
-    # Chromium's automatic /favicon.ico request is API traffic too (an anonymous 404):
-    # keep it out of the counters the tests read.
+    # The pages link their own icon; a stray /favicon.ico request would be API traffic
+    # (an anonymous 404): keep it out of the counters the tests read, if one is made.
     context.route("**/favicon.ico", lambda route: route.abort())
     return context
 
@@ -585,3 +585,47 @@ def test_near_limit_list_shows_an_identity_live(demo: Demo, page: Page) -> None:
     expect(row).to_be_visible(timeout=LIVE_DEADLINE_MS)
     expect(row).to_contain_text("endpoint: ai (POST)")
     expect(row).to_contain_text("0/5")
+
+
+def test_block_and_unblock_from_a_callers_page(demo: Demo, page: Page) -> None:
+    """On a caller's page, a bad duration is refused in place (400, nobody blocked); a
+    good one blocks the caller at once (429 "blocked"), the page says for how long, and
+    its Unblock button serves the caller again."""
+    assert demo.api("GET", "/items", user="mallory")[0] == 200
+    page.goto(demo.url("/identity/id=mallory"))
+    form = page.locator("form.block-form")
+    form.get_by_label("For", exact=True).fill("forever")
+    with page.expect_navigation() as navigation:
+        form.get_by_role("button", name="Block").click()
+    assert navigation.value is not None and navigation.value.status == 400
+    expect(page.locator("#block-error")).to_contain_text("malformed duration 'forever'")
+    assert demo.api("GET", "/items", user="mallory")[0] == 200
+    form = page.locator("form.block-form")
+    form.get_by_label("For", exact=True).fill("90m")
+    form.get_by_label("Reason", exact=True).fill("card testing")
+    with page.expect_navigation():
+        form.get_by_role("button", name="Block").click()
+    expect(page.locator(".flash.ok")).to_contain_text("Blocked user mallory for 1 h 30 min.")
+    expect(page.locator("#block-status")).to_contain_text("Blocked for 1 h")
+    assert demo.api("GET", "/items", user="mallory")[0] == 429
+    with page.expect_navigation():
+        page.locator("#block-status").get_by_role("button", name="Unblock").click()
+    expect(page.locator(".flash.ok")).to_contain_text("Unblocked user mallory.")
+    expect(page.locator("#block-status")).to_have_text("Not blocked.")
+    deadline = time.monotonic() + 2.5  # every worker's deny cache within 2 s
+    while demo.api("GET", "/items", user="mallory")[0] != 200:
+        assert time.monotonic() < deadline, "still refused 2.5 s after the unblock"
+        time.sleep(0.1)
+
+
+def test_pages_load_their_icon_and_nothing_is_missing(demo: Demo, page: Page) -> None:
+    """Opening each page fetches the dashboard's own icon (200) and no request of the
+    page answers 404: the browser no longer asks the app for /favicon.ico."""
+    responses: list[tuple[str, int]] = []
+    page.on("response", lambda r: responses.append((r.url, r.status)))
+    for path in ("/", "/plans", "/clients", "/blocks", "/audit", "/identity/id=ada"):
+        page.goto(demo.url(path))
+        page.wait_for_load_state("networkidle")
+    icons = [status for url, status in responses if url.endswith("/static/favicon.svg")]
+    assert icons and set(icons) == {200}, responses
+    assert [r for r in responses if r[1] == 404] == []

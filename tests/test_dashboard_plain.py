@@ -147,7 +147,7 @@ def test_pages_show_durations_not_bare_seconds(ops_app: Flask) -> None:
               data={"csrf_token": token, "duration": "2d"})  # fmt: skip
     page = http.get("/quota/identity/id=ada", headers=OPS).get_data(as_text=True)
     cells = re.findall(r"<td>([^<]*)</td></tr>", page.split('id="buckets"')[1].split("</table>")[0])
-    assert cells and all(re.fullmatch(r"\d+ (s|min)( \d+ s)?", c) for c in cells), cells
+    assert cells and all(re.fullmatch(r"\d+ (s|min)( \d+ s)?|full now", c) for c in cells), cells
     assert "for 2 d more" in page or "for 1 d 23 h more" in page
     listing = http.get("/quota/blocks", headers=OPS).get_data(as_text=True)
     assert re.search(r"<td>(2 d|1 d 23 h)</td>", listing), listing
@@ -164,3 +164,17 @@ def test_every_page_names_a_favicon_that_is_served(ops_app: Flask) -> None:
     icon = http.get(link.group(1), headers=OPS)
     assert icon.status_code == 200 and icon.content_type.startswith("image/svg+xml")
     assert icon.data.startswith(b"<svg") and len(icon.data) < 2000
+
+
+def test_the_audit_log_shows_what_changed(ops_app: Flask) -> None:
+    """A plan edit's audit row shows the limit it replaced and the new one, not the
+    plan's unchanged limits (the full before/after stay in the database)."""
+    http = ops_app.test_client()
+    token = csrf_from(http, "/quota/plans")
+    http.post("/quota/plans/free/limit", headers=OPS,
+              data={"csrf_token": token, "tier": "user", "rate": "5/minute"})  # fmt: skip
+    page = http.get("/quota/audit", headers=OPS).get_data(as_text=True)
+    row = re.search(r"<td>plan\.limit\.set</td>.*?</tr>", page, re.S)
+    assert row is not None
+    assert "3/minute" in row.group(0) and "5/minute" in row.group(0)
+    assert "2/minute" not in row.group(0)  # the ai limit did not change
