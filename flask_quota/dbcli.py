@@ -64,8 +64,9 @@ def migration_metadata() -> MetaData:
 
 
 @contextmanager
-def _alembic_config() -> Iterator[Config]:
-    """The packaged migrations, and Alembic's progress lines on stderr meanwhile.
+def _alembic_config(verbose: bool = False) -> Iterator[Config]:
+    """The packaged migrations; Alembic's warnings on stderr meanwhile, and its INFO
+    progress lines too with ``verbose`` (the commands print their own one-line result).
 
     No ini file: env.py then leaves the app's logging configuration alone.
     """
@@ -75,7 +76,7 @@ def _alembic_config() -> Iterator[Config]:
     handler = logging.StreamHandler(sys.stderr)
     level, propagate = logger.level, logger.propagate
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
     logger.propagate = False
     try:
         with resources.as_file(resources.files("flask_quota") / "migrations") as directory:
@@ -146,27 +147,55 @@ def _adopt_unversioned(config: Config) -> None:
     click.echo(f"quota tables found without a revision; they match {SCHEMA_REVISION}: stamped")
 
 
+verbose_option = click.option(
+    "-v", "--verbose", is_flag=True, help="Also show Alembic's progress lines (on stderr)."
+)
+
+
+def _current_revision() -> str | None:
+    with quota_engine(current_app).connect() as conn:
+        return _revision(conn)
+
+
 @db_cli.command("upgrade")
 @click.argument("revision", default="head")
+@verbose_option
 @_one_line_errors
-def upgrade(revision: str) -> None:
+def upgrade(revision: str, verbose: bool) -> None:
     """Create or upgrade the quota tables to REVISION (default: head)."""
     from alembic import command
 
-    with _alembic_config() as config:
+    with _alembic_config(verbose) as config:
         _adopt_unversioned(config)
+        before = _current_revision()
         command.upgrade(config, revision)
+    after = _current_revision()
+    if after == before:
+        click.echo(f"quota tables already at {after}; nothing to do")
+    elif before is None:
+        click.echo(f"quota tables created at {after}")
+    else:
+        click.echo(f"quota tables upgraded to {after} (from {before})")
 
 
 @db_cli.command("downgrade")
 @click.argument("revision", default="-1")
+@verbose_option
 @_one_line_errors
-def downgrade(revision: str) -> None:
+def downgrade(revision: str, verbose: bool) -> None:
     """Step back to REVISION (default: -1; `base` drops the tables)."""
     from alembic import command
 
-    with _alembic_config() as config:
+    with _alembic_config(verbose) as config:
+        before = _current_revision()
         command.downgrade(config, revision)
+    after = _current_revision()
+    if after == before:
+        click.echo(f"quota tables already at {after or 'base'}; nothing to do")
+    elif after is None:
+        click.echo(f"quota tables dropped (downgraded to base from {before})")
+    else:
+        click.echo(f"quota tables downgraded to {after} (from {before})")
 
 
 @db_cli.command("current")

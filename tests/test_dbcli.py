@@ -37,7 +37,9 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 @dataclass
 class Result:
     code: int
-    output: str
+    output: str  # stdout and stderr, interleaved
+    stdout: str = ""
+    stderr: str = ""
 
 
 class Project:
@@ -76,7 +78,7 @@ class Project:
     def run(self, *args: str) -> Result:
         with self.app() as app:
             result = app.test_cli_runner().invoke(args=list(args))
-        return Result(result.exit_code, result.output)
+        return Result(result.exit_code, result.output, result.stdout, result.stderr)
 
     def ok(self, *args: str) -> str:
         result = self.run(*args)
@@ -113,12 +115,29 @@ def project(tmp_path: Path, database_url: str) -> Project:
 def test_upgrade_builds_the_schema_and_the_app_then_uses_it(project: Project) -> None:
     """`db upgrade` makes the tables at the head; first use seeds plans into them."""
     assert "no revision" in project.ok("quota", "db", "current")
-    assert f"Running upgrade  -> {SCHEMA_REVISION}" in project.ok("quota", "db", "upgrade")
+    assert project.ok("quota", "db", "upgrade") == f"quota tables created at {SCHEMA_REVISION}\n"
     assert project.tables() == QUOTA_TABLES | {VERSION_TABLE}
     assert f"{SCHEMA_REVISION} (head)" in project.ok("quota", "db", "current")
     assert "free" in project.ok("quota", "plans", "list")  # seeded on first use
     project.ok("quota", "db", "upgrade")  # again: nothing to do
     assert f"{SCHEMA_REVISION} (head)" in project.ok("quota", "db", "current")
+
+
+def test_upgrade_says_what_it_did_in_one_line_and_is_quiet_unless_asked(
+    project: Project,
+) -> None:
+    """`db upgrade` prints one line on stdout (created / upgraded from / already at) and
+    none of Alembic's INFO lines; `-v` adds those on stderr."""
+    first = project.run("quota", "db", "upgrade", "-v")
+    assert first.code == 0, first.output
+    assert first.stdout == f"quota tables created at {SCHEMA_REVISION}\n"
+    assert f"Running upgrade  -> {SCHEMA_REVISION}" in first.stderr
+    again = project.run("quota", "db", "upgrade")
+    assert again.code == 0 and again.stderr == "", again.output
+    assert again.stdout == f"quota tables already at {SCHEMA_REVISION}; nothing to do\n"
+    down = project.run("quota", "db", "downgrade", "base")
+    assert down.code == 0 and "INFO" not in down.output, down.output
+    assert down.stdout == f"quota tables dropped (downgraded to base from {SCHEMA_REVISION})\n"
 
 
 def test_upgrade_after_create_on_first_use_is_a_no_op(project: Project) -> None:
