@@ -205,10 +205,11 @@ class _ScriptCall:
     argument encoding, the ``Script`` object): most of the call's client time.
     What matters is kept: connections come from the client's pool factory (its
     URL, TLS, timeouts) and connect through ``connect()`` as the pool's do (a
-    Sentinel connection asks there for the master); a call that fails half-way
-    leaves its connection disconnected, to reconnect on its next use; errors are
-    redis-py's own; and a ``NOSCRIPT`` reply (Redis restarted or flushed its
-    scripts) loads the script and sends the call once more.
+    Sentinel connection asks there for the master); a connection the server
+    closed while it sat idle is replaced before the call is sent (see ``_send``);
+    a call that fails half-way drops its connection; errors are redis-py's own;
+    and a ``NOSCRIPT`` reply (Redis restarted or flushed its scripts) loads the
+    script and sends the call once more.
 
     Idle connections wait on a stack shared by every thread: ``list.pop`` and
     ``list.append`` are atomic, so no lock; a server that starts a thread per
@@ -273,31 +274,59 @@ class _ScriptCall:
         """Send one packed call and return its reply; redis-py's errors propagate."""
         if self._pid != os.getpid():
             self._idle, self._pid = [], os.getpid()
-        idle = self._idle
         try:
-            conn = idle.pop()
+            reused = self._idle.pop()
         except IndexError:
-            conn = self._pool.make_connection()
+            reused = None
+        conn = self._send(reused, packed)
         try:
-            if not conn.is_connected:
-                # Through connect(): a Sentinel connection asks there for the master
-                # (send_packed_command alone would dial the address it was made with).
-                conn.connect()
-            conn.send_packed_command((packed,))
             try:
-                return conn.read_response()
+                reply = conn.read_response()
             except redis.exceptions.NoScriptError:
                 conn.send_command("SCRIPT", "LOAD", self._script)
                 conn.read_response()
                 conn.send_packed_command((packed,))
-                return conn.read_response()
+                reply = conn.read_response()
         except redis.ResponseError:
-            raise  # the whole reply was read: the connection is clean
-        except BaseException:
-            conn.disconnect()  # redis-py does on socket errors; anything else half-way too
+            self._idle.append(conn)  # the whole reply was read: the connection is clean
             raise
-        finally:
-            idle.append(conn)
+        except BaseException:
+            # Half-way through a reply: never reuse it. It is dropped, not put back, so
+            # every idle connection is one whose last call worked.
+            conn.disconnect()
+            raise
+        self._idle.append(conn)
+        return reply
+
+    def _send(self, conn: Any, packed: bytes) -> Any:
+        """Send ``packed``; return the connection it went out on.
+
+        A reused connection may have been closed by the server since its last call
+        (a restart, an idle timeout, a proxy): redis-py's own readiness poll,
+        ``can_read``, finds that before anything is sent (it raises on a closed
+        socket; True means bytes nobody asked for), and the call goes out on a fresh
+        connection. A send that fails on a reused connection is tried once more on a
+        fresh one. Both are safe because a command that was never sent cannot have
+        run. A reply lost *after* the send is not retried, since the script may have
+        run: that call fails and ``QUOTA_FAIL_MODE`` decides.
+        """
+        if conn is not None:
+            try:
+                if not conn.can_read(0):
+                    conn.send_packed_command((packed,), check_health=False)
+                    return conn
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                pass
+            conn.disconnect()
+        conn = self._pool.make_connection()
+        try:
+            # Through connect(): a Sentinel connection asks there for the master.
+            conn.connect()
+            conn.send_packed_command((packed,), check_health=False)
+        except BaseException:
+            conn.disconnect()
+            raise
+        return conn
 
     def close(self) -> None:
         """Disconnect the idle connections (one in use is closed by its next failure or GC)."""
