@@ -3,6 +3,7 @@
 Run from anywhere with the repository's virtualenv:
 
     .venv/bin/python scripts/screenshot.py [--out docs/overview.png] [--plans-out docs/plans.png]
+        [--all /tmp/flask-quota-screenshots]
 
 Starts the demo app (tests/apps/dashboard_demo.py, memory storage, a throw-away
 instance folder) on a free loopback port, sends traffic from a few identities
@@ -10,6 +11,10 @@ instance folder) on a free loopback port, sends traffic from a few identities
 whole overview at 1280 px wide in headless Chromium (Debian's /usr/bin/chromium).
 Then it adds the seed's enterprise plan and a few per-limit settings through
 ``QuotaAdmin`` (audited like any change) and photographs the plans matrix.
+
+With ``--all DIR`` it then blocks a caller through the dashboard's Block form and
+photographs every page (overview, identities, plans, clients, blocks, audit log,
+"no such caller") at 1280 and 390 px wide into DIR, for a look before a release.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from playwright.sync_api import sync_playwright  # noqa: E402
+from playwright.sync_api import BrowserContext, sync_playwright  # noqa: E402
 
 from flask_quota.admin import QuotaAdmin  # noqa: E402
 from tests.apps.dashboard_demo import serving  # noqa: E402
@@ -37,10 +42,12 @@ CHROMIUM_ARGS = [
 ]  # fmt: skip
 USER, PASSWORD = "ops", "screenshot-only"
 
-# (identity or None for anonymous, plan header, method, path, count)
+WIDTHS = (1280, 390)
+CLIENT = "acme-analytics"  # an API client in SQL: its requests carry its key
+# (identity or None for anonymous, plan header, method, path, count); CLIENT sends its key
 TRAFFIC: list[tuple[str | None, str | None, str, str, int]] = [
-    ("acme-analytics", "pro", "GET", "/items", 45),
-    ("acme-analytics", "pro", "POST", "/infer", 12),
+    (CLIENT, None, "GET", "/items", 45),
+    (CLIENT, None, "POST", "/infer", 12),
     ("bob@example.com", None, "POST", "/infer", 9),  # free ai: 5/minute, then 429
     ("carol", None, "GET", "/items", 34),  # free user tier: 30/minute, then 429
     ("dave", None, "GET", "/items", 6),
@@ -48,8 +55,12 @@ TRAFFIC: list[tuple[str | None, str | None, str, str, int]] = [
 ]
 
 
-def send(base: str, method: str, path: str, user: str | None, plan: str | None) -> int:
+def send(
+    base: str, method: str, path: str, user: str | None, plan: str | None, key: str = ""
+) -> int:
     headers = {k: v for k, v in (("X-User", user), ("X-Plan", plan)) if v}
+    if user == CLIENT:
+        headers = {"X-API-Key": key}
     request = urllib.request.Request(base + path, method=method, headers=headers)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
@@ -78,10 +89,47 @@ def edit_plans(admin: QuotaAdmin) -> None:
                          shadow=True)  # fmt: skip
 
 
+def every_page(context: BrowserContext, base: str, out: Path, client_id: int) -> None:
+    """Block dave through the dashboard's form, then photograph every page at each width."""
+    page = context.new_page()
+    page.goto(base + "/quota/identity/id=dave")
+    form = page.locator("form.block-form")
+    form.locator("input[name=duration]").fill("1h")
+    form.locator("input[name=reason]").fill("scraping the catalogue")
+    form.locator("input[name=public]").check()
+    form.get_by_role("button", name="Block").click()
+    page.locator(".flash.ok").wait_for(timeout=5000)
+    pages = {
+        "overview": "/quota/",
+        "identity-client": f"/quota/identity/id={client_id}",
+        "identity-user": "/quota/identity/id=carol",
+        "identity-blocked": "/quota/identity/id=dave",
+        "identity-ip": "/quota/identity/ip=127.0.0.1",
+        "plans": "/quota/plans",
+        "clients": "/quota/clients",
+        "blocks": "/quota/blocks",
+        "audit": "/quota/audit",
+        "no-such-caller": "/quota/identity/ip=nowhere",
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 900})
+        for name, path in pages.items():
+            page.goto(base + path)
+            if name == "overview":
+                page.locator("#updated").filter(has_text="Last update").wait_for(timeout=5000)
+            page.wait_for_load_state("networkidle")
+            target = out / f"{name}-{width}.png"
+            page.screenshot(path=str(target), full_page=True)
+            print(f"wrote {target}")
+    page.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "overview.png")
     parser.add_argument("--plans-out", type=Path, default=ROOT / "docs" / "plans.png")
+    parser.add_argument("--all", type=Path, help="also every page at 1280 and 390 px, here")
     args = parser.parse_args()
     if not Path(CHROMIUM).exists():
         print(f"{CHROMIUM} not found: apt-get install chromium", file=sys.stderr)
@@ -95,8 +143,11 @@ def main() -> int:
         with serving(env) as (app, base), sync_playwright() as p:
             if time.time() % 60 > 48:  # the chart ends on this minute: don't let it roll over
                 time.sleep(60.5 - time.time() % 60)
+            state = app.extensions["quota"]
+            client, key = QuotaAdmin(state.sql, actor="screenshot").create_client(CLIENT, "pro")
+            state.sql.refresh()  # the request path knows the key at once
             statuses = [
-                send(base, method, path, user, plan)
+                send(base, method, path, user, plan, key)
                 for user, plan, method, path, count in TRAFFIC
                 for _ in range(count)
             ]
@@ -108,7 +159,6 @@ def main() -> int:
                     viewport={"width": 1280, "height": 900},
                     http_credentials={"username": USER, "password": PASSWORD},
                 )
-                context.route("**/favicon.ico", lambda route: route.abort())
                 page = context.new_page()
                 page.goto(base + "/quota/")
                 # One live refresh done (it also reloads the chart), and the chart drawn.
@@ -128,6 +178,8 @@ def main() -> int:
                 page.locator('td[data-plan="pro"][data-row="endpoint:ai"] summary').click()
                 time.sleep(0.2)
                 page.screenshot(path=str(args.plans_out), full_page=True)
+                if args.all is not None:
+                    every_page(context, base, args.all, client.id)
             finally:
                 browser.close()
     print(f"wrote {args.plans_out}")
