@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-from .algorithms import Algorithm
+from .algorithms import Algorithm, unfit
 from .rates import Rate, Rates, parse_rates
 from .tiers import Tier
 
@@ -18,6 +18,7 @@ __all__ = [
     "Plan",
     "PlanCatalog",
     "catalog_from_config",
+    "check_fit",
     "plan_config",
     "plans_config",
 ]
@@ -168,11 +169,29 @@ DEFAULT_PLANS: dict[str, dict[str, Any]] = {
 }
 
 
-def catalog_from_config(config: Mapping[str, Any], *, upgrade_url: str) -> PlanCatalog:
+def check_fit(rates: Rates, algorithm: Algorithm, where: str, *, default: bool = False) -> None:
+    """Raise ``ValueError`` naming ``where`` when ``algorithm`` cannot enforce one of
+    ``rates`` (``algorithms.unfit``). ``default``: the algorithm is ``QUOTA_ALGORITHM``,
+    not the limit's own, and the message says how to give the limit one of its own."""
+    for rate in rates:
+        reason = unfit(algorithm, rate)
+        if reason is None:
+            continue
+        if default:
+            own = {"rate": str(rates), "algorithm": Algorithm.SLIDING_WINDOW_COUNTER.value}
+            reason += f" (give it {own}, or change QUOTA_ALGORITHM={algorithm.value!r})"
+        raise ValueError(f"{where}: {reason}")
+
+
+def catalog_from_config(
+    config: Mapping[str, Any], *, upgrade_url: str, algorithm: Algorithm | None = None
+) -> PlanCatalog:
     """Build plans from a ``QUOTA_PLANS``-style dict; errors name the plan and field.
 
     Each tier or resource is a rate text (``"100/minute"``, ``"10/second, 1000/day"``)
-    or a dict ``{"rate": ..., "algorithm": "fixed_window", "shadow": true}``.
+    or a dict ``{"rate": ..., "algorithm": "fixed_window", "shadow": true}``. A limit's
+    own algorithm must fit its rates (``check_fit``); so must ``algorithm``
+    (``QUOTA_ALGORITHM``), when given, for the limits without one.
     """
     if not isinstance(config, Mapping) or not config:
         raise ValueError("QUOTA_PLANS must be a non-empty dict of plan name -> settings")
@@ -196,6 +215,8 @@ def catalog_from_config(config: Mapping[str, Any], *, upgrade_url: str) -> PlanC
                 continue
             field_name = f"['resources'][{resource!r}]" if resource else f"[{tier.value!r}]"
             limit, mode = _limit_entry(value, where + field_name)
+            if mode.algorithm is None and algorithm is not None:
+                check_fit(limit, algorithm, where + field_name, default=True)
             rates[(tier.value, resource)] = limit
             if not mode.default:
                 modes[(tier.value, resource)] = mode
@@ -244,6 +265,7 @@ def _limit_entry(value: Any, where: str) -> tuple[Rates, LimitMode]:
                 f"{where}['algorithm']={algorithm!r} is not an algorithm; use one of {_ALGORITHMS} "
                 "(or leave it out for QUOTA_ALGORITHM)"
             ) from None
+        check_fit(rates, algorithm, where)
     shadow = value.get("shadow", False)
     if not isinstance(shadow, bool):
         raise ValueError(f"{where}['shadow']={shadow!r} must be true or false")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .algorithms import Algorithm, Gate, Outcome, bucket_ceiling
+from .algorithms import Algorithm, Gate, Outcome, bucket_ceiling, unfit
 from .clock import seconds_until
 from .keys import KeyBuilder
 from .plans import ENFORCED, LimitMode, Plan
@@ -26,6 +27,8 @@ __all__ = [
     "gate_check",
     "policy_name",
 ]
+
+log = logging.getLogger("flask_quota")
 
 # A gate has no rate, but a Check carries one; this constant one also keys the deny cache.
 _GATE_RATE = Rate(1, 1)
@@ -216,6 +219,29 @@ class Policy:
         self.keys = keys
         self.algorithm = algorithm  # QUOTA_ALGORITHM: a limit without its own algorithm
         self.shadow = shadow  # QUOTA_SHADOW: every tier is a shadow tier
+        self._told: set[tuple[Rates, Algorithm]] = set()  # unfit limits already logged
+
+    def _algorithm(self, mode: LimitMode, rates: Rates, name: str) -> Algorithm:
+        """The limit's algorithm, or a sliding counter where a log would not fit.
+
+        Configuration refuses an unfit limit (``plans.check_fit``), but some reach
+        this point unchecked: a decorator's literal rate (the decorator cannot know
+        ``QUOTA_ALGORITHM``), a row written into SQL. Redis must never decide on an
+        oversized log, so such a limit is logged once and counted on a sliding counter.
+        """
+        algorithm = mode.algorithm or self.algorithm
+        if algorithm is not Algorithm.SLIDING_WINDOW_LOG:
+            return algorithm
+        reasons = [reason for rate in rates if (reason := unfit(algorithm, rate))]
+        if not reasons:
+            return algorithm
+        if (rates, algorithm) not in self._told and len(self._told) < 1000:
+            self._told.add((rates, algorithm))
+            log.error(
+                "flask-quota: limit %r: %s; it is enforced on sliding_window_counter",
+                name, reasons[0],
+            )  # fmt: skip
+        return Algorithm.SLIDING_WINDOW_COUNTER
 
     def checks(
         self,
@@ -274,23 +300,25 @@ class Policy:
         rates = plan.global_rate
         if rates is not None and ip_tag is not None:
             mode = plan.modes.get(_GLOBAL, ENFORCED) if plan.modes else ENFORCED
-            algorithm = mode.algorithm or self.algorithm
+            algorithm = self._algorithm(mode, rates, "global")
             key = self.keys.global_key(ip_tag, algorithm)
             if len(rates) == 1 and mode is ENFORCED:  # the common case, without the loop
                 check = Check(key, algorithm, rates[0], cost, self.shadow)
                 checks.append(TierCheck(Tier.GLOBAL, "global", check))
             else:
-                self._each_rate(checks, Tier.GLOBAL, "global", key, rates, cost, None, mode)
+                self._each_rate(
+                    checks, Tier.GLOBAL, "global", key, rates, cost, None, mode, algorithm
+                )
         rates = plan.user_rate
         if rates is not None:
             mode = plan.modes.get(_USER, ENFORCED) if plan.modes else ENFORCED
-            algorithm = mode.algorithm or self.algorithm
+            algorithm = self._algorithm(mode, rates, "user")
             key = self.keys.user_key(tag, algorithm)
             if len(rates) == 1 and mode is ENFORCED:
                 check = Check(key, algorithm, rates[0], cost, self.shadow)
                 checks.append(TierCheck(Tier.USER, "user", check))
             else:
-                self._each_rate(checks, Tier.USER, "user", key, rates, cost, None, mode)
+                self._each_rate(checks, Tier.USER, "user", key, rates, cost, None, mode, algorithm)
         return checks
 
     def _endpoint_checks(
@@ -311,9 +339,9 @@ class Policy:
         rates = rates or spec.rate
         if rates is None:
             return
-        algorithm = mode.algorithm or self.algorithm
+        algorithm = self._algorithm(mode, rates, resource)
         key = self.keys.endpoint_key(tag, spec.method_of(method), resource, algorithm)
-        self._each_rate(checks, Tier.ENDPOINT, name, key, rates, cost, resource, mode)
+        self._each_rate(checks, Tier.ENDPOINT, name, key, rates, cost, resource, mode, algorithm)
 
     def _each_rate(
         self,
@@ -325,9 +353,9 @@ class Policy:
         cost: int,
         resource: str | None,
         mode: LimitMode,
+        algorithm: Algorithm,
     ) -> None:
         """One check per rate; a further rate's key and name carry its window."""
-        algorithm = mode.algorithm or self.algorithm
         shadow = mode.shadow or self.shadow
         for i, rate in enumerate(rates):
             rate_key = key if i == 0 else f"{key}@{rate.window}"

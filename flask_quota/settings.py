@@ -203,10 +203,18 @@ class Settings:
                 raw_plans = json.loads(raw_plans)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"QUOTA_PLANS is not valid JSON: {exc}") from None
-        plans = catalog_from_config(raw_plans or DEFAULT_PLANS, upgrade_url=upgrade_url)
+        algorithm = _choice(get, "QUOTA_ALGORITHM", Algorithm)
+        try:
+            plans = catalog_from_config(
+                raw_plans or DEFAULT_PLANS, upgrade_url=upgrade_url, algorithm=algorithm
+            )
+        except ValueError as exc:
+            if raw_plans:
+                raise
+            raise ValueError(f"the built-in plans (QUOTA_PLANS is unset): {exc}") from None
         settings = cls(
             storage_url=_text(get, "QUOTA_STORAGE_URL"),
-            algorithm=_choice(get, "QUOTA_ALGORITHM", Algorithm),
+            algorithm=algorithm,
             default_plan=_text(get, "QUOTA_DEFAULT_PLAN"),
             anonymous_plan=_text(get, "QUOTA_ANONYMOUS_PLAN"),
             api_key_header=_text(get, "QUOTA_API_KEY_HEADER"),
