@@ -14,12 +14,12 @@ from flask_quota.testing import FrozenClock
 ALIGNED = 1_699_999_200.0
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", pytest.param("valkey", marks=pytest.mark.valkey)])
 def backend(request: pytest.FixtureRequest) -> Iterator[tuple[Storage, FrozenClock]]:
-    """The same scenario on the memory backend and on a real redis-server."""
+    """The same scenario on the memory backend, a real redis-server and a real valkey-server."""
     clock = FrozenClock(ALIGNED)
     if request.param == "memory":
         yield MemoryStorage(clock), clock
         return
-    client = request.getfixturevalue("redis_client")
+    client = request.getfixturevalue("server_client")(request.param)
     yield RedisStorage(client, clock=clock), clock

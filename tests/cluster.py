@@ -1,4 +1,5 @@
-"""A real Redis Cluster for tests: six redis-server processes, three masters with a replica each."""
+"""A real Redis Cluster for tests: six redis-server (or valkey-server) processes, three
+masters with a replica each."""
 
 from __future__ import annotations
 
@@ -43,9 +44,13 @@ def cluster_port() -> int:
 
 
 class Cluster:
-    """Six nodes, ``redis-cli --cluster create ... --cluster-replicas 1``, all on loopback."""
+    """Six nodes, ``redis-cli --cluster create ... --cluster-replicas 1``, all on loopback.
 
-    def __init__(self, workdir: Path, size: int = 6) -> None:
+    ``kind="valkey"`` runs valkey-server nodes (redis-cli creates a Valkey cluster as well)
+    and names the cluster by ``valkey+cluster://``.
+    """
+
+    def __init__(self, workdir: Path, size: int = 6, *, kind: str = "redis") -> None:
         if REDIS_CLI is None:
             raise RuntimeError("redis-cli is not installed")
         self.nodes: list[RedisServer] = []
@@ -59,6 +64,7 @@ class Cluster:
                         "--cluster-config-file", f"nodes-{port}.conf",
                         "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
                         "--enable-debug-command", "local",
+                        kind=kind,
                     )
                 )  # fmt: skip
             subprocess.run(
@@ -74,7 +80,7 @@ class Cluster:
 
     @property
     def url(self) -> str:
-        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+        return f"{self.nodes[0].kind.scheme}+cluster://127.0.0.1:{self.nodes[0].port}"
 
     def stop(self) -> None:
         for node in self.nodes:

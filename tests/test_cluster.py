@@ -30,7 +30,7 @@ from tests.cluster import Cluster, command
 from tests.load import hammer, serve_many
 from tests.servers import RedisServer
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.also_valkey]
 
 WEEK = "7 days"  # long windows: nothing refills while a test runs
 

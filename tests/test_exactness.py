@@ -22,6 +22,8 @@ from flask_quota.rates import Rate
 from tests.load import hammer, serve_many
 from tests.servers import RedisServer
 
+pytestmark = pytest.mark.also_valkey  # the load test runs on Redis and on Valkey
+
 WEEK = "7 days"  # nothing refills while a test runs
 
 

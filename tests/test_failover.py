@@ -30,7 +30,7 @@ from flask_quota.storage import Check, Storage, Verdict
 from flask_quota.storage.redis import RedisStorage
 from tests.servers import RedisServer
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.also_valkey]
 
 TIMEOUT = 0.2  # QUOTA_STORAGE_TIMEOUT of every app here
 MAX_LATENCY = 1.0  # no request may take longer while Redis is down or hung
@@ -307,11 +307,15 @@ def wait_until_asleep(server: RedisServer) -> None:
     raise AssertionError("the server never went to sleep")
 
 
-def test_fail_local_never_counts_a_timed_out_request_twice(app: Flask, tmp_path: Path) -> None:
+def test_fail_local_never_counts_a_timed_out_request_twice(
+    app: Flask, tmp_path: Path, server_kind: str
+) -> None:
     """A call that timed out may still run on Redis once it wakes up: its request is
     checked against the local limiter but not charged there, so Redis and the local
     limiter together count every request exactly once."""
-    server = RedisServer(tmp_path / "redis", None, "--enable-debug-command", "local")
+    server = RedisServer(
+        tmp_path / "redis", None, "--enable-debug-command", "local", kind=server_kind
+    )
     try:
         client = quota_app(app, server, "local")
         state = app.extensions["quota"]

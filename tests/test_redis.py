@@ -19,6 +19,8 @@ from flask_quota.storage.redis import RedisStorage
 from flask_quota.testing import FrozenClock
 from tests.servers import RedisServer
 
+pytestmark = pytest.mark.also_valkey  # each test with a server runs on Redis and on Valkey
+
 
 class CountingConnection(redis.Connection):
     """Counts what crosses the wire: one send + one read is one round trip."""

@@ -17,19 +17,22 @@ from flask import Flask
 from flask_quota import Quota
 from flask_quota.storage import storage_from_url
 from flask_quota.storage.sentinel import SentinelStorage, parse_sentinel_url
-from tests.conftest import _need_redis
+from tests.conftest import need_server
 from tests.load import Flood, hammer, serve_many
 from tests.sentinel import SentinelGroup
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.also_valkey]
 
 RECOVERY = 10.0  # seconds from the master's death until limits apply again
 
 
 @pytest.fixture(scope="module")
-def sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelGroup]:
-    _need_redis()
-    group = SentinelGroup(tmp_path_factory.mktemp("sentinel"))
+def sentinels(
+    tmp_path_factory: pytest.TempPathFactory, server_kind: str
+) -> Iterator[SentinelGroup]:
+    """Redis Sentinel, or Valkey's (``valkey-server --sentinel``), by ``server_kind``."""
+    need_server(server_kind)
+    group = SentinelGroup(tmp_path_factory.mktemp("sentinel"), kind=server_kind)
     yield group
     group.stop()
 
