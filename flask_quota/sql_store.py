@@ -106,6 +106,7 @@ DEFAULT_DATABASE_FILE = "flask_quota.sqlite3"
 # Our own Alembic version table, so that a host's ``alembic_version`` is never touched.
 VERSION_TABLE = "quota_alembic_version"
 _INIT_LOCK_ID = 0x71756F7461  # "quota": pg_advisory_xact_lock key for first-time setup
+_INIT_LOCK_NAME = "flask_quota_setup:"  # MySQL GET_LOCK name for the same, + database
 
 STALE_AFTER = 5.0  # seconds without a confirmed sync before the snapshot counts as stale
 # API-key requests arriving this soon after the sync started wait (at most that long)
@@ -419,8 +420,9 @@ class SqlStore:
         """Create the tables (own engine only), seed plans and the version row; idempotent.
 
         Many workers may start at once on a fresh database: PostgreSQL serialises
-        them with an advisory lock; on SQLite a loser retries after the winner. A
-        slow failure is no such race (the database is down): it is not retried.
+        them with an advisory lock, MySQL with a named lock; on SQLite a loser
+        retries after the winner. A slow failure is no such race (the database is
+        down): it is not retried.
         Within a process, callers (the sync, the CLI, the dashboard) take turns,
         but none waits long behind one stuck on a hung database.
         """
@@ -451,7 +453,7 @@ class SqlStore:
         began = time.monotonic()
         for attempt in range(5):
             try:
-                with self.engine.begin() as conn:
+                with _mysql_setup_lock(self.engine), self.engine.begin() as conn:
                     if conn.dialect.name == "postgresql":
                         conn.execute(
                             text("SELECT pg_advisory_xact_lock(:id)"), {"id": _INIT_LOCK_ID}
@@ -845,6 +847,31 @@ def _stamp(conn: Any) -> None:
     table.create(conn, checkfirst=True)
     if conn.scalar(select(func.count()).select_from(table)) == 0:
         conn.execute(table.insert().values(version_num=SCHEMA_REVISION))
+
+
+@contextmanager
+def _mysql_setup_lock(engine: Engine) -> Iterator[None]:
+    """On MySQL / MariaDB, one process at a time creates and stamps a fresh database.
+
+    Their DDL commits as it goes, so a racer could see half the tables; and they have
+    no transaction-scoped advisory lock (PostgreSQL's), so a named lock (one per
+    database) is held, on a connection of its own, until the setup has committed.
+    """
+    if engine.dialect.name != "mysql":
+        yield
+        return
+    with engine.connect() as holder:
+        # 0 after the timeout: go on regardless, a loser then retries like on SQLite.
+        holder.execute(
+            text("SELECT GET_LOCK(CONCAT(:name, DATABASE()), :timeout)"),
+            {"name": _INIT_LOCK_NAME, "timeout": CONNECT_TIMEOUT},
+        )
+        try:
+            yield
+        finally:
+            holder.execute(
+                text("SELECT RELEASE_LOCK(CONCAT(:name, DATABASE()))"), {"name": _INIT_LOCK_NAME}
+            )
 
 
 def _supervise(ref: weakref.ref[SqlStore], sync: _Sync, interval: float) -> None:
