@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +21,11 @@ from sqlalchemy import create_engine, func, select, text
 
 from flask_quota.models import SCHEMA_REVISION, PlanRecord, QuotaMeta
 from flask_quota.sql_store import VERSION_TABLE
-from tests.servers import ROOT
+from tests.servers import ROOT, Gunicorn
 from tests.sqldb import DATABASES, database
+from tests.test_sql_gunicorn import flask_quota, probe
 
+OLD, NEW = 100_000, 66_666  # user-tier rates per minute: high enough never to deny
 PLANS = {"free": {"user": "5/hour"}, "pro": {"user": "50/hour"}, "team": {"user": "500/hour"}}
 STARTERS = 4
 
@@ -102,3 +105,49 @@ def test_servers_starting_together_on_a_fresh_database_set_it_up_once(
     assert names == list(PLANS)
     assert metas == 1
     assert stamps == [SCHEMA_REVISION]
+
+
+@pytest.mark.slow
+def test_two_servers_on_one_database_both_apply_a_change_within_two_seconds(
+    tmp_path: Path, database_url: str
+) -> None:
+    """Two gunicorn servers (each its own app) share one quota database: a client made
+    by the CLI is known to both, and a plan change reaches both within 2 s."""
+    env = {
+        "QUOTA_DATABASE_URL": database_url,
+        "QUOTA_PLANS": json.dumps({"free": {"global": "100000/second", "user": f"{OLD}/minute"}}),
+        "PYTHONPATH": str(ROOT),
+        "GUNICORN_LOG": str(tmp_path / "gunicorn.log"),
+    }
+    made = flask_quota(env, "clients", "create", "probe", "--plan", "free")
+    key = made.split("API key: ")[1].split()[0]
+    servers = [Gunicorn(env, workers=1)]
+    try:
+        servers.append(Gunicorn(env, workers=1))
+        deadline = time.monotonic() + 60  # a fresh worker loads its snapshot in the background
+        for server in servers:
+            while (sample := probe(server.port, key)) is None or sample[2] != OLD:
+                assert time.monotonic() < deadline, f"server {server.port} never served the key"
+                time.sleep(0.05)
+        flask_quota(env, "plans", "set", "free", "user", f"{NEW}/minute", "--actor", "ci")
+        # Committed before the command returned: requests from 2 s later get the new rate.
+        cutoff = time.time() + 2.0
+        seen: list[tuple[int, float, int]] = []
+        while time.time() < cutoff + 0.5:
+            for server in servers:
+                sample = probe(server.port, key)
+                if sample is not None:
+                    seen.append((server.port, sample[0], sample[2]))
+            time.sleep(0.02)
+    finally:
+        for server in servers:
+            server.stop()
+    late = [
+        (port, started - cutoff + 2.0, q)
+        for port, started, q in seen
+        if started > cutoff and q != NEW
+    ]
+    assert late == [], f"old rate served more than 2 s after the change: {late[:5]}"
+    assert {port for port, started, q in seen if started > cutoff and q == NEW} == {
+        server.port for server in servers
+    }
