@@ -186,6 +186,26 @@ def test_a_malformed_url_never_shows_its_password(url: str) -> None:
 
 
 @pytest.mark.parametrize("secret", SECRETS)
+@pytest.mark.parametrize(
+    "url",
+    [
+        "unix://bob:{pw}@/run/redis.sock?db=1",
+        "unix:///run/redis.sock?db=1&password={pw}",
+        "memory://:{pw}@x",
+    ],
+)
+def test_unix_and_memory_urls_never_show_the_password(url: str, secret: str) -> None:
+    """``unix://`` and ``memory://`` URLs are not split by us, but whatever becomes of them
+    (a backend, or redis-py's refusal), no message and no masked form shows the password."""
+    url = url.format(pw=secret)
+    assert not leaked(masked(url)), masked(url)
+    try:
+        storage_from_url(url, timeout=0.1).close()
+    except ValueError as exc:
+        assert not leaked(every_text_of(exc)), every_text_of(exc)
+
+
+@pytest.mark.parametrize("secret", SECRETS)
 @pytest.mark.parametrize("scheme", HOST_SCHEMES)
 def test_an_unencoded_password_is_refused_with_how_to_encode_it(scheme: str, secret: str) -> None:
     """A password whose ``/``, ``#`` or ``?`` is not percent-encoded is refused at start-up

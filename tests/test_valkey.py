@@ -69,9 +69,9 @@ def test_a_missing_valkey_server_fails_where_it_is_required(
     """Under CI=true (or QUOTA_REQUIRE_VALKEY) a missing valkey-server fails the Valkey
     tests; elsewhere they are skipped, with a message saying so."""
     from tests import conftest
-    from tests.servers import ServerKind
+    from tests.servers import KINDS, ServerKind
 
-    monkeypatch.setitem(conftest.KINDS, "valkey", ServerKind("valkey", None, "valkey"))
+    monkeypatch.setitem(KINDS, "valkey", ServerKind("valkey", None, "valkey"))
     monkeypatch.setitem(conftest._REQUIRED, "valkey", required)
     with pytest.raises(BaseException) as info:  # pytest's outcomes are BaseExceptions
         conftest.need_server("valkey")
