@@ -71,6 +71,11 @@ class CircuitBreaker:
         """True while the storage counts as down."""
         return self._open
 
+    @property
+    def failing(self) -> bool:
+        """True from the first failure of a run until a call succeeds again."""
+        return self._open or self._failures > 0
+
     def allow(self) -> Attempt | None:
         """May this caller use the storage? While open, only the one probe may."""
         if not self._open:

@@ -17,7 +17,7 @@ from . import blocks, inspection, plansync, signals, validators
 from .blocks import Block
 from .breaker import CircuitBreaker
 from .denycache import DenyCache
-from .errors import CallerBlocked, InvalidApiKey, QuotaExceeded, retry_after_seconds
+from .errors import CallerBlocked, InvalidApiKey, QuotaExceeded
 from .failover import GuardedStorage
 from .headers import apply_headers, rate_limit_headers, reply_headers
 from .identity import Identity, plausible_api_key
@@ -342,6 +342,8 @@ class Quota:
                 spec = None
 
         identity = self._identify(settings, req)
+        if "HTTP_X_FORWARDED_FOR" in req.environ and not state.proxy_warned:
+            _warn_no_proxy_fix(state, req)
         ip_tag = remote_ip_tag(req.remote_addr)
         catalog = state.sql.catalog()  # state.catalog(), one call less on every request
         if identity is None:
@@ -352,9 +354,19 @@ class Quota:
             plan_name = identity.plan or settings.default_plan
             plan = catalog.resolve(plan_name, identity.id, fallback=settings.default_plan)
 
+        endpoint_tag = None
+        if spec is not None and spec.key is not None:
+            owner = spec.key()
+            if owner is None:
+                spec = None  # "no org on this request": this limit does not apply to it
+            elif not isinstance(owner, str) or not owner:
+                raise TypeError(
+                    f"key callable of {endpoint!r} returned {owner!r}, not a str (or None)"
+                )
+            else:
+                endpoint_tag = KeyBuilder.key_tag(owner)
         resource = (spec.resource or endpoint) if spec is not None else None
         cost = 1
-        endpoint_tag = None
         if spec is not None:
             weight = spec.cost
             cost = weight() if callable(weight) else weight  # an int was checked by @quota.limit
@@ -362,11 +374,6 @@ class Quota:
                 isinstance(cost, bool) or not isinstance(cost, int) or cost < 0
             ):
                 raise TypeError(f"cost callable of {endpoint!r} returned {cost!r}, not an int >= 0")
-            if spec.key is not None:
-                owner = spec.key()
-                if not isinstance(owner, str) or not owner:
-                    raise TypeError(f"key callable of {endpoint!r} returned {owner!r}, not a str")
-                endpoint_tag = KeyBuilder.key_tag(owner)
         route = state.route(catalog, plan, endpoint, req.method, spec, resource, cost)
         if not route.tiers:
             return
@@ -390,22 +397,22 @@ class Quota:
         if metrics is not None and verdict is not None:
             metrics.decided(decision, verdict, blocked=blocked is not None)
         if blocked is not None:
-            raise CallerBlocked(decision, blocked)
+            raise _denial(CallerBlocked(decision, blocked))
         g._get_current_object()._quota = (route, reply, keys, tag, spec, state)
         if decision.shadow_denied and signals.quota_shadow_exceeded.receivers:
-            signals.quota_shadow_exceeded.send(app, decision=decision)
+            signals.notify(signals.quota_shadow_exceeded, app, decision=decision)
         denied = decision.denied
         if denied is not None:
             if signals.quota_exceeded.receivers:
-                signals.quota_exceeded.send(app, decision=decision)
+                signals.notify(signals.quota_exceeded, app, decision=decision)
             if settings.block_after is not None:
                 storage, keybuilder = state.storage, state.policy.keys
                 blocked = blocks.escalate(storage, state.guard, settings, keybuilder, tag)
                 if blocked is not None:
-                    raise CallerBlocked(decision, blocked)
+                    raise _denial(CallerBlocked(decision, blocked))
             resource_name = denied.resource if denied.resource == resource else None
             upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
-            raise QuotaExceeded(decision, upgrade=upgrade, cost=cost)
+            raise _denial(QuotaExceeded(decision, upgrade=upgrade, cost=cost))
 
     def _identify(self, settings: Settings, req: Request) -> Identity | None:
         if self._identity_loader is not None:
@@ -433,6 +440,11 @@ class Quota:
 
     def _after_request(self, response: Response) -> Response:
         scope = g._get_current_object()
+        denial: QuotaExceeded | None = scope.__dict__.pop("_quota_denial", None)
+        if denial is not None and "Retry-After" not in response.headers:
+            # The app's own @app.errorhandler(QuotaExceeded) answered: the wait still holds
+            # (a block's rest, not the tier's, when this request was blocked).
+            response.headers["Retry-After"] = str(denial.retry_after)
         found: _Decided | None = scope.__dict__.pop("_quota", None)
         if found is None:
             return response
@@ -448,10 +460,6 @@ class Quota:
             apply_headers(headers, rate_limit_headers(decision, mode))
         else:
             apply_headers(headers, reply_headers(route, reply, mode))
-        if not reply[1] and "Retry-After" not in headers:
-            # The app's own @app.errorhandler(QuotaExceeded) answered.
-            decision = decision or route.decision(reply)[1]
-            headers["Retry-After"] = str(retry_after_seconds(decision))
         if state.usage is not None:
             decision = decision or route.decision(reply)[1]
             state.usage.record(who, decision.plan, decision.usage_outcomes())
@@ -489,6 +497,33 @@ class Quota:
             state.guard.charge(charges)
             return decision.adjusted(-extra, charges[0].algorithm) if charges else decision
         return decision
+
+
+def _denial(exc: QuotaExceeded) -> QuotaExceeded:
+    """``exc``, noted on ``g`` so the after-request hook can give its ``Retry-After`` to a
+    response the app's own error handler made."""
+    g._get_current_object()._quota_denial = exc
+    return exc
+
+
+def _warn_no_proxy_fix(state: QuotaState, req: Request) -> None:
+    """Say once per app when requests come through a proxy the app does not trust.
+
+    Werkzeug's ProxyFix leaves the original values in ``werkzeug.proxy_fix.orig``;
+    without it ``remote_addr`` is the proxy's, so every caller behind it shares one
+    global-tier bucket. (A spoofed header changes no key either way.)
+    """
+    state.proxy_warned = True
+    if "werkzeug.proxy_fix.orig" in req.environ:
+        return
+    log.warning(
+        "flask-quota: requests carry X-Forwarded-For, but the app does not apply Werkzeug's "
+        "ProxyFix, so the global tier keys every caller behind the proxy by the proxy's "
+        "address (%s): they share one bucket. If a proxy you trust sets the header, wrap "
+        "the app: app.wsgi_app = ProxyFix(app.wsgi_app, x_for=1) (from werkzeug.middleware"
+        ".proxy_fix); with one proxy in front, x_for=1. This is said once.",
+        req.remote_addr,
+    )
 
 
 def _metrics(settings: Settings) -> QuotaMetrics | None:
@@ -531,9 +566,9 @@ def _storage_signals(
         if sender is None:
             return
         if error is None:
-            signals.storage_recovered.send(sender)
+            signals.notify(signals.storage_recovered, sender)
         else:
-            signals.storage_failed.send(sender, error=error)
+            signals.notify(signals.storage_failed, sender, error=error)
 
     return on_change
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .breaker import CircuitBreaker
+from .breaker import Attempt, CircuitBreaker
 from .errors import QuotaUnavailable
 from .settings import FailMode
 from .storage import Check, MemoryStorage, Storage, StorageError, Verdict
@@ -72,8 +72,8 @@ class GuardedStorage:
         if attempt is not None:
             try:
                 verdict = self.storage.decide(checks)
-            except StorageError as exc:
-                self.breaker.failed(attempt, exc, self.mode.value)
+            except Exception as exc:
+                self._count_failure(attempt, exc)
                 charge_locally = attempt.probe
             else:
                 self.breaker.succeeded()
@@ -89,14 +89,32 @@ class GuardedStorage:
         if attempt is not None:
             try:
                 reply = flat_decide(self.storage, checks, keys)
-            except StorageError as exc:
-                self.breaker.failed(attempt, exc, self.mode.value)
+            except Exception as exc:
+                self._count_failure(attempt, exc)
                 charge_locally = attempt.probe
             else:
                 self.breaker.succeeded()
                 return reply
         local = self._failed(keyed(checks, keys), charge_locally)
         return None if local is None else flat_reply(local)
+
+    def _count_failure(self, attempt: Attempt, exc: Exception) -> None:
+        """A storage call raised: count it towards the breaker, whatever it raised.
+
+        ``StorageError`` is the storage saying it cannot answer. Anything else is a
+        defect (ours, or a client library's) and is handled the same way, since a
+        limiter must never turn a request into a 500; its traceback is logged once
+        when a run of failures begins, not once per request.
+        """
+        if not isinstance(exc, StorageError) and not self.breaker.failing:
+            log.error(
+                "flask-quota: unexpected error in a %s storage call, handled as a storage "
+                "failure (fail mode %r)",
+                self.breaker.name,
+                self.mode.value,
+                exc_info=exc,
+            )
+        self.breaker.failed(attempt, exc, self.mode.value)
 
     def _failed(self, checks: Sequence[Check], charge_locally: bool) -> Verdict | None:
         """The fail mode's answer: the local verdict, ``None`` (open), or 503 (closed)."""
@@ -128,8 +146,8 @@ class GuardedStorage:
         if attempt is not None:
             try:
                 call(self.storage)
-            except StorageError as exc:
-                self.breaker.failed(attempt, exc, self.mode.value)
+            except Exception as exc:
+                self._count_failure(attempt, exc)
                 log.debug("flask-quota: %s lost: %s", what, exc)
             else:
                 self.breaker.succeeded()
@@ -149,8 +167,8 @@ class GuardedStorage:
             return None
         try:
             result = call()
-        except StorageError as exc:
-            self.breaker.failed(attempt, exc, self.mode.value)
+        except Exception as exc:
+            self._count_failure(attempt, exc)
             return None
         self.breaker.succeeded()
         return result

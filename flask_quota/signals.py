@@ -12,13 +12,27 @@ tiers); same arguments. ``storage_failed``: the storage stopped
 answering and the fail mode applies; ``error`` is the exception.
 ``storage_recovered``: it answers again. The storage signals are sent once per
 change of the circuit breaker, not once per request.
+
+A receiver that raises is logged (with its traceback) and the others still run:
+the decision stands, whatever a receiver does.
 """
 
 from __future__ import annotations
 
-from blinker import Namespace
+import logging
+from typing import Any
 
-__all__ = ["quota_exceeded", "quota_shadow_exceeded", "storage_failed", "storage_recovered"]
+from blinker import NamedSignal, Namespace
+
+__all__ = [
+    "notify",
+    "quota_exceeded",
+    "quota_shadow_exceeded",
+    "storage_failed",
+    "storage_recovered",
+]
+
+log = logging.getLogger("flask_quota")
 
 _signals = Namespace()
 
@@ -26,3 +40,18 @@ quota_exceeded = _signals.signal("quota-exceeded")
 quota_shadow_exceeded = _signals.signal("quota-shadow-exceeded")
 storage_failed = _signals.signal("quota-storage-failed")
 storage_recovered = _signals.signal("quota-storage-recovered")
+
+
+def notify(signal: NamedSignal, sender: Any, **kwargs: Any) -> None:
+    """Send ``signal`` to each receiver in turn; one that raises is logged, not raised.
+
+    ``Signal.send`` stops at the first receiver that raises and hands the exception
+    to its caller, here a request that has already been decided.
+    """
+    for receiver in signal.receivers_for(sender):
+        try:
+            receiver(sender, **kwargs)
+        except Exception:
+            log.exception(
+                "flask-quota: a receiver of the %r signal raised; the decision stands", signal.name
+            )

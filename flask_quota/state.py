@@ -67,6 +67,7 @@ class QuotaState:
     # ``routes_of``; a new catalog (a plan or override change) empties it.
     routes: Generations[RouteKey, Route] = field(default_factory=lambda: Generations(ROUTES))
     routes_of: PlanCatalog | None = None
+    proxy_warned: bool = False  # X-Forwarded-For without ProxyFix has been checked (once)
 
     def view_limit(self, app: Flask, endpoint: str) -> tuple[bool, LimitSpec | None]:
         """``view_limit(app, endpoint)``, cached (routes are fixed once requests run)."""
