@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import _need_redis
+from tests.conftest import _need_redis, need_server
 from tests.load import Flood, Reply, serve_many
 from tests.servers import Gunicorn, RedisServer, free_port
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.also_valkey]
 
 TIMEOUT = 0.25  # QUOTA_STORAGE_TIMEOUT
 MAX_LATENCY = 1.5  # a request's wall time, queueing behind 4 busy workers included
@@ -62,11 +62,13 @@ def serve(tmp_path: Path, mode: str, url: str) -> tuple[Gunicorn, Path]:
 
 
 @pytest.fixture(scope="module", params=["open", "closed"])
-def rig(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    _need_redis()
+def rig(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, server_kind: str
+) -> Iterator[Rig]:
+    need_server(server_kind)
     mode = str(request.param)
     folder = tmp_path_factory.mktemp(f"faults-{mode}")
-    redis = RedisServer(folder / "redis", None, "--enable-debug-command", "local")
+    redis = RedisServer(folder / "redis", None, "--enable-debug-command", "local", kind=server_kind)
     try:
         server, log = serve(folder / "gunicorn", mode, redis.url)
         try:
