@@ -70,6 +70,9 @@ def pytest_report_header() -> list[str]:
                 f"!!! {kind.name}-server NOT FOUND: every {kind.name.capitalize()} test "
                 f"{fate} ({_INSTALL[kind.name]})"
             )
+    if REDIS_CLI is None:
+        fate = "FAIL (CI)" if REDIS_REQUIRED else "are SKIPPED"
+        lines.append(f"!!! redis-cli NOT FOUND: the Redis and Valkey Cluster tests {fate}")
     if POSTGRES_URL is not None:
         lines.append(f"PostgreSQL: {make_url(POSTGRES_URL).render_as_string(hide_password=True)}")
     else:
@@ -181,8 +184,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, server_kind: str) -> Itera
     """A six-node Redis Cluster (three masters, three replicas; valkey-server nodes, by
     ``server_kind``), one per test module and kind."""
     need_server(server_kind)
-    if REDIS_CLI is None:
-        pytest.skip("redis-cli not installed")
+    if REDIS_CLI is None:  # it creates Valkey clusters too
+        if _REQUIRED[server_kind]:
+            pytest.fail("redis-cli is required here (CI) to create a cluster but is not installed")
+        pytest.skip("!!! redis-cli not installed: Cluster test SKIPPED")
     nodes = Cluster(tmp_path_factory.mktemp("cluster"), kind=server_kind)
     yield nodes
     nodes.stop()
