@@ -84,8 +84,15 @@ class MinuteUsage:
 class UsageSink(Protocol):
     """Where a ``UsageRecorder`` flushes its counts, and where the dashboard reads them."""
 
-    clock: Clock
-    """The time the recorder stamps its counts with (the storage's clock)."""
+    @property
+    def clock(self) -> Clock:
+        """The storage's time, which counts are filed by (the dashboard's "now")."""
+
+    @property
+    def stamp(self) -> Clock:
+        """What the recorder stamps each count with, read per request without any I/O:
+        the storage's clock where it is in-process, else the local one, which the sink
+        turns into the storage's when it flushes."""
 
     def add(self, batch: Batch, plans: dict[str, str]) -> None:
         """Add one flush's counts. Called about once a second, with an empty batch
@@ -168,7 +175,7 @@ class MemoryUsageSink:
     """
 
     def __init__(self, clock: Clock = _wall_clock_us) -> None:
-        self.clock = clock
+        self.clock = self.stamp = clock
         self._lock = threading.Lock()
         self._minutes: dict[int, _Minute] = {}
         # (tier name, mark) -> its index in the count lists; names come from
@@ -248,11 +255,49 @@ class RedisUsageSink:
     ``connect`` returns the client (a cluster client may be made on first use).
     """
 
-    def __init__(self, connect: Callable[[], Any], prefix: str, *, clock: Clock | None = None):
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        prefix: str,
+        *,
+        clock: Clock | None = None,
+        local_clock: Clock = _wall_clock_us,
+    ):
         self.connect = connect
         self.prefix = prefix
-        self.clock = clock or _wall_clock_us
+        # An injected clock (flask_quota.testing) is the storage's clock, as it is for
+        # the decide script: no offset. Otherwise the offset (Redis TIME minus this
+        # server's clock) is learned from Redis, at the first flush or dashboard read.
+        self.stamp = clock or local_clock
+        self._offset: int | None = 0 if clock is not None else None
+        self._fixed = clock is not None
         self._script: Any = None  # redis-py's Script: hashes the source once
+
+    def clock(self) -> int:
+        """Redis's time: this server's clock plus the offset (one TIME if none is known
+        yet, e.g. a dashboard read before any flush; this server's alone if that fails)."""
+        if self._offset is None:
+            try:
+                self._sync(self.connect())
+            except Exception as exc:  # the dashboard still shows something
+                log.warning("flask-quota: reading the Redis clock for usage failed (%s)", exc)
+                return self.stamp()
+        return self.stamp() + (self._offset or 0)
+
+    def _sync(self, client: Any) -> int:
+        """Learn the offset with one TIME (a process's first flush only)."""
+        before = self.stamp()
+        reply = client.time()
+        if isinstance(reply, dict):  # a cluster client may ask every node: any will do
+            reply = next(iter(reply.values()))
+        seconds, micros = reply
+        return self._learn(int(seconds) * 1_000_000 + int(micros), before)
+
+    def _learn(self, server_us: int, before: int) -> int:
+        """The offset, from Redis's time as read between ``before`` and now."""
+        if not self._fixed:
+            self._offset = server_us - (before + self.stamp()) // 2
+        return self._offset or 0
 
     def _keys(self, minute: int) -> tuple[str, str, str]:
         base = f"{self.prefix}:usage:{{{minute}}}"  # hash tag: one slot per minute
@@ -266,14 +311,19 @@ class RedisUsageSink:
         tiers: defaultdict[int, defaultdict[str, dict[str, int]]] = defaultdict(
             lambda: defaultdict(dict)
         )
-        for (minute, identity, tier, mark), count in batch.items():
+        client = self.connect()
+        offset = self._offset if self._offset is not None else self._sync(client)
+        for (stamped, identity, tier, mark), count in batch.items():
+            # A local minute is filed under the Redis minute holding its middle: exact
+            # while the clocks agree to a minute, else within half a minute.
+            minute = (stamped * _US_PER_MINUTE + _US_PER_MINUTE // 2 + offset) // _US_PER_MINUTE
             name = f"{tier}|{_FLAGS[mark]}"
             totals[minute][name] += count
             if tier == REQUESTS:
                 requests[minute][identity] += count
             else:
-                tiers[minute][identity][name] = count  # each (identity, name) once per batch
-        client = self.connect()
+                # Two local minutes never share a Redis minute: one (identity, name) each.
+                tiers[minute][identity][name] = count
         for minute in totals:
             who = list(requests[minute].keys() | tiers[minute].keys())
             for start in range(0, len(who), _CHUNK):
@@ -289,7 +339,9 @@ class RedisUsageSink:
                         plans.get(identity, ""),
                         json.dumps(tiers[minute].get(identity, {})),
                     ]
-                self._run(client, self._keys(minute), args)
+                before = self.stamp()
+                _, seconds, micros = self._run(client, self._keys(minute), args)
+                self._learn(int(seconds) * 1_000_000 + int(micros), before)  # for the next
 
     def _run(self, client: Any, keys: tuple[str, ...], args: list[Any]) -> Any:
         if self._script is None:
@@ -364,8 +416,9 @@ def _tier_counts(raw: dict[Any, Any]) -> Counter[tuple[str, Mark]]:
 class UsageRecorder:
     """Aggregates per-request outcomes in-process and flushes them in the background.
 
-    Counts are stamped with the sink's clock (the storage's), so a test that
-    freezes the storage's clock moves usage with it. At most ``max_pending``
+    Counts are stamped with the sink's ``stamp`` clock and filed by the storage's
+    clock, so a test that freezes the storage's clock moves usage with it, and two
+    servers whose clocks differ file one request under the same minute. At most ``max_pending``
     counts wait for a flush; more are dropped, never held.
     """
 
@@ -382,7 +435,7 @@ class UsageRecorder:
     def record(self, identity: str, plan: str, outcomes: Iterable[tuple[str, Mark]]) -> None:
         """Count one request: ``outcomes`` is (tier name, mark) per applied tier; the
         request was admitted unless a tier is marked False (denied)."""
-        minute = self.sink.clock() // _US_PER_MINUTE
+        minute = self.sink.stamp() // _US_PER_MINUTE
         with self._lock:
             if len(self._pending) >= self.max_pending:
                 self._dropped += 1  # the sink is unreachable or slow; drop, never grow

@@ -7,7 +7,10 @@
 -- ARGV[1]: TTL in seconds; ARGV[2]: identities kept; ARGV[3]: n, then n pairs
 --   (totals field, count); then per identity: identity, requests, plan ("" when
 --   unknown), its tier counts as a JSON object.
--- Returns how many identities were trimmed.
+-- Returns how many identities were trimmed, then Redis's TIME (seconds, microseconds):
+-- the sink files its next flush by it (the storage's clock, not its server's).
+if redis.replicate_commands then pcall(redis.replicate_commands) end -- writes follow TIME
+local now = redis.call('TIME')
 local ttl, keep, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local i = 4
 for _ = 1, n do
@@ -37,4 +40,4 @@ end
 for _, key in ipairs(KEYS) do
   redis.call('EXPIRE', key, ttl)
 end
-return #gone
+return {#gone, tonumber(now[1]), tonumber(now[2])}
