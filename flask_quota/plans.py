@@ -179,7 +179,10 @@ def check_fit(rates: Rates, algorithm: Algorithm, where: str, *, default: bool =
             continue
         if default:
             own = {"rate": str(rates), "algorithm": Algorithm.SLIDING_WINDOW_COUNTER.value}
-            reason += f" (give it {own}, or change QUOTA_ALGORITHM={algorithm.value!r})"
+            reason += (
+                f" (it has no algorithm of its own, so QUOTA_ALGORITHM={algorithm.value!r} "
+                f"applies: give it one, e.g. {own})"
+            )
         raise ValueError(f"{where}: {reason}")
 
 
