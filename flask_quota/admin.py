@@ -10,6 +10,8 @@ changes nothing. Changes outside the tables (e.g. resetting counters) run inside
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import re
 from collections.abc import Callable, Iterator
@@ -41,6 +43,7 @@ __all__ = [
     "PlanInfo",
     "PlansReadOnly",
     "QuotaAdmin",
+    "StaleEdit",
     "parse_duration",
 ]
 
@@ -59,6 +62,11 @@ class AdminError(ValueError):
 
 class ChangeConflict(AdminError):
     """Another writer changed the same rows at the same moment, twice: nothing changed."""
+
+
+class StaleEdit(ChangeConflict):
+    """The edit was based on a state of the plan that someone else has changed since
+    (``based_on`` no longer matches): nothing changed; reload and try again."""
 
 
 class PlansReadOnly(AdminError):
@@ -89,6 +97,14 @@ class PlanInfo:
     description: str
     upgrade_hint: str | None
     limits: tuple[LimitInfo, ...]
+
+    @property
+    def token(self) -> str:
+        """A fingerprint of this state of the plan. A form shows it and sends it back as
+        ``based_on``: an edit based on a state someone changed since is refused
+        (``StaleEdit``) instead of silently overwriting their change."""
+        raw = json.dumps(asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -194,9 +210,10 @@ class QuotaAdmin:
 
         return self._change(apply, f"plan {name_!r}")
 
-    def delete_plan(self, name: str) -> PlanInfo:
+    def delete_plan(self, name: str, *, based_on: str | None = None) -> PlanInfo:
         """Delete a plan no client uses (revoked ones included) and that is neither
-        ``QUOTA_DEFAULT_PLAN`` nor ``QUOTA_ANONYMOUS_PLAN``; returns what it was."""
+        ``QUOTA_DEFAULT_PLAN`` nor ``QUOTA_ANONYMOUS_PLAN``; returns what it was.
+        ``based_on``: the ``PlanInfo.token`` the operator saw (see ``StaleEdit``)."""
         self.check_plans_writable()
         settings = self.store.settings
         for key, protected in (
@@ -210,7 +227,8 @@ class QuotaAdmin:
                 )
 
         def apply(session: Session) -> PlanInfo:
-            record = _plan(session, name)
+            record = _locked_plan(session, name)
+            before = _unchanged_since(_plan_info(record), based_on)
             used, revoked = session.execute(
                 select(func.count(), func.count(Client.revoked_at)).where(
                     Client.plan_id == record.id
@@ -221,7 +239,6 @@ class QuotaAdmin:
                     f"plan {name!r} is used by {used} client(s) ({revoked} of them revoked): "
                     "move them to another plan first"
                 )
-            before = _plan_info(record)
             session.delete(record)
             self._audit(session, "plan.delete", f"plan:{name}", asdict(before), None)
             return before
@@ -237,11 +254,12 @@ class QuotaAdmin:
         resource: str | None = None,
         algorithm: str | None = None,
         shadow: bool | None = None,
+        based_on: str | None = None,
     ) -> PlanInfo:
         """Set (add or replace) one limit of a plan: its rates, and optionally its
         ``algorithm`` (``"default"``: ``QUOTA_ALGORITHM``) and ``shadow`` flag.
         ``None`` keeps a limit's current algorithm or flag (a new limit's: the
-        default algorithm, enforced)."""
+        default algorithm, enforced). ``based_on``: see ``StaleEdit``."""
         self.check_plans_writable()
         tier_ = _tier(tier)
         resource_ = _resource(tier_, resource)
@@ -249,8 +267,8 @@ class QuotaAdmin:
         algorithm_ = _algorithm(algorithm)
 
         def apply(session: Session) -> PlanInfo:
-            record = _plan(session, plan)
-            before = _plan_info(record)
+            record = _locked_plan(session, plan)
+            before = _unchanged_since(_plan_info(record), based_on)
             limit = _limit(record, tier_, resource_)
             if limit is None:
                 limit = PlanLimit(tier=tier_, resource=resource_, rate=rate_, shadow=False)
@@ -304,8 +322,10 @@ class QuotaAdmin:
         def apply(session: Session) -> list[str]:
             records = {
                 r.name: r
-                for r in session.scalars(
-                    select(PlanRecord).order_by(PlanRecord.position, PlanRecord.id)
+                for r in session.scalars(  # locked: other plan edits wait for this one
+                    select(PlanRecord)
+                    .order_by(PlanRecord.position, PlanRecord.id)
+                    .with_for_update(key_share=True)
                 )
             }
             gone = [name for name in records if name not in wanted]
@@ -362,19 +382,22 @@ class QuotaAdmin:
         except _Unchanged:
             return []  # rolled back: no version bump for a table that already matched
 
-    def delete_plan_limit(self, plan: str, tier: str, resource: str | None = None) -> PlanInfo:
-        """Remove one rate of a plan: that tier (or resource) then no longer applies to it."""
+    def delete_plan_limit(
+        self, plan: str, tier: str, resource: str | None = None, *, based_on: str | None = None
+    ) -> PlanInfo:
+        """Remove one rate of a plan: that tier (or resource) then no longer applies to it.
+        ``based_on``: see ``StaleEdit``."""
         self.check_plans_writable()
         tier_ = _tier(tier)
         resource_ = _resource(tier_, resource)
 
         def apply(session: Session) -> PlanInfo:
-            record = _plan(session, plan)
+            record = _locked_plan(session, plan)
+            before = _unchanged_since(_plan_info(record), based_on)
             limit = _limit(record, tier_, resource_)
             if limit is None:
                 where = f"{tier_} {resource_}" if resource_ else tier_
                 raise AdminError(f"plan {plan!r} has no {where} rate to remove")
-            before = _plan_info(record)
             record.limits.remove(limit)  # delete-orphan: the row goes
             session.flush()
             after = _plan_info(record)
@@ -451,7 +474,9 @@ class QuotaAdmin:
         with self.store.session() as session:
             query = select(Override).order_by(Override.client_id, Override.id)
             if client_id is not None:
-                query = query.where(Override.client_id == _client(session, client_id).id)
+                query = query.where(
+                    Override.client_id == _client(session, client_id, lock=False).id
+                )
             return [_override_info(row) for row in session.scalars(query)]
 
     def add_override(
@@ -669,12 +694,36 @@ def _plan(session: Session, name: str) -> PlanRecord:
     return record
 
 
+def _locked_plan(session: Session, name: str) -> PlanRecord:
+    """The plan, its row locked until the change commits (PostgreSQL, MySQL; a SQLite
+    change holds the whole database): concurrent edits of one plan run one after the
+    other, so each reads, and audits as "before", the state the previous one left."""
+    # key_share: PostgreSQL's FOR NO KEY UPDATE, so rows that merely reference the plan
+    # (a client created on it meanwhile) are not held up.
+    query = select(PlanRecord).where(PlanRecord.name == name).with_for_update(key_share=True)
+    record = session.scalar(query)
+    return record if record is not None else _plan(session, name)
+
+
+def _unchanged_since(info: PlanInfo, based_on: str | None) -> PlanInfo:
+    """``info``, if the edit was based on it (``based_on`` is its token, or not given)."""
+    if based_on is not None and based_on != info.token:
+        raise StaleEdit(
+            f"plan {info.name!r} was changed by someone else after this page was loaded; "
+            "nothing was saved: reload the page to see its current rates, then try again"
+        )
+    return info
+
+
 def _limit(record: PlanRecord, tier: str, resource: str) -> PlanLimit | None:
     return next((x for x in record.limits if (x.tier, x.resource) == (tier, resource)), None)
 
 
-def _client(session: Session, client_id: int | str) -> Client:
-    client = session.get(Client, _positive_id(client_id, "client id"))
+def _client(session: Session, client_id: int | str, *, lock: bool = True) -> Client:
+    # Locked (until the change commits) by default: the audit's "before" of one change
+    # is then the "after" of the one before it, however many operators edit at once.
+    locking = {"key_share": True} if lock else None
+    client = session.get(Client, _positive_id(client_id, "client id"), with_for_update=locking)
     if client is None:
         count = session.scalar(select(func.count()).select_from(Client))
         raise AdminError(f"no client with id {client_id} ({count} clients exist)")

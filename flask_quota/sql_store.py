@@ -587,6 +587,7 @@ class SqlStore:
         """
         self.ensure_ready()
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            _sqlite_write_lock(session)
             yield session
             session.flush()
             session.execute(
@@ -823,6 +824,21 @@ def _libpq_version(driver: str) -> int:
         return int(importlib.import_module("psycopg").pq.version())
     except (ImportError, AttributeError):
         return 0
+
+
+def _sqlite_write_lock(session: Session) -> None:
+    """On SQLite, take the write lock when a change begins (``BEGIN IMMEDIATE``).
+
+    The driver would begin at the first write, after the change has read the state it
+    audits as "before": two changes could both read it, and the later one would
+    overwrite the earlier unseen. Other databases lock the rows a change reads.
+    """
+    conn = session.connection()
+    if conn.dialect.name != "sqlite":
+        return
+    raw = conn.connection.dbapi_connection
+    if raw is not None and not getattr(raw, "in_transaction", True):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")  # waits up to the busy timeout
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
