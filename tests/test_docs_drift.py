@@ -169,15 +169,17 @@ def test_usage_md_plans_table_is_the_built_in_plans() -> None:
 
 
 def test_readme_and_quickstart_extras_tables_list_every_extra() -> None:
-    """Each extra of setup.cfg (metrics and mysql included) has a row in the extras
-    tables of README.md and docs/quickstart.md."""
+    """The extras tables of README.md and docs/quickstart.md have a row for each extra
+    of setup.cfg (metrics and mysql included) and for no other."""
     config = configparser.ConfigParser()
     config.read(ROOT / "setup.cfg", encoding="utf-8")
     extras = set(config["options.extras_require"])
     assert {"metrics", "mysql"} <= extras
     for path in (ROOT / "README.md", DOCS / "quickstart.md"):
         rows = {row[0].strip("`") for row in table_after(read(path), "| extra | adds |")}
-        assert extras - rows == set(), f"{path.name}'s extras table lacks them"
+        assert rows - {"(none)"} == extras, f"{path.name}'s extras table is not setup.cfg's"
+        installs = set(re.findall(r"pip install ['\"]flask-quota\[(\w+)\]['\"]", read(path)))
+        assert installs <= extras, f"{path.name} installs extras setup.cfg lacks"
 
 
 # -- the README -------------------------------------------------------------------
