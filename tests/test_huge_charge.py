@@ -10,6 +10,7 @@ entries (more would change no decision). See ``algorithms.bound_debt``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -65,9 +66,13 @@ def test_a_huge_charge_keeps_the_debt_with_a_sane_retry_after(
 ) -> None:
     """quota.charge(10**14) on a 100/minute bucket: the next request is denied (the debt
     is not forgiven) with a whole-second Retry-After of about 366 days, not millions of
-    years; on Redis the stored time is a positive integer with a TTL of the same order."""
+    years; the charging response's reset says the same; on Redis the stored time is a
+    positive integer with a TTL of the same order."""
     http = chat_app(app, server_clock_storage).test_client()
-    assert http.post("/chat").status_code == 200
+    charged = http.post("/chat")
+    assert charged.status_code == 200
+    # The charging response's own headers show the bounded debt, not 1.9 million years.
+    assert int(charged.headers["X-RateLimit-Reset"]) <= time.time() + MAX_DEBT_US // S + 61
     denied = http.post("/chat")
     assert denied.status_code == 429
     retry = int(denied.headers["Retry-After"])
