@@ -18,17 +18,28 @@ from pathlib import Path
 import pytest
 import redis
 from flask import Flask
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flask_quota import Quota
-from flask_quota.algorithms import MAX_LOG_LIMIT, Algorithm
+from flask_quota.adjust import charge_log
+from flask_quota.algorithms import (
+    MAX_LOG_LIMIT,
+    Algorithm,
+    bound_debt,
+    charged_units,
+    sliding_window_log,
+)
 from flask_quota.keys import KeyBuilder
 from flask_quota.plans import Plan, catalog_from_config
 from flask_quota.policy import LimitSpec, Policy
-from flask_quota.rates import parse_rates
+from flask_quota.rates import Rate, parse_rates
 from flask_quota.settings import Settings
 from flask_quota.storage.redis import RedisStorage
 
 BIG = "1000000/hour"
+LOG = Algorithm.SLIDING_WINDOW_LOG
+S = 1_000_000
 FITTING = ("sliding_window_counter", "token_bucket")
 
 
@@ -163,8 +174,42 @@ def test_one_caller_cannot_grow_a_log_that_stalls_redis(
         ]
     finally:
         for name, value in old.items():
-            redis_client.config_set(name, value)
+            redis_client.config_set(str(name), str(value))
     assert statuses == [200] * 41
     lists = [k for k in redis_client.keys("*") if redis_client.type(k) == b"list"]
     assert all(redis_client.llen(k) <= MAX_LOG_LIMIT + 1 for k in lists)
     assert len(durations) >= 41 and max(durations) < 5000, durations
+
+
+@given(
+    limit=st.integers(min_value=1, max_value=6),
+    charges=st.lists(
+        st.tuples(st.integers(min_value=0, max_value=90), st.integers(min_value=1, max_value=40)),
+        min_size=1,
+        max_size=6,
+    ),
+    later=st.integers(min_value=0, max_value=200),
+    cost=st.integers(min_value=0, max_value=8),
+)
+def test_a_log_trimmed_to_limit_plus_one_decides_as_the_whole_log(
+    limit: int, charges: list[tuple[int, int]], later: int, cost: int
+) -> None:
+    """Why a charge may keep only the newest limit + 1 entries (``bound_debt``): at any
+    later time and for any cost, the trimmed log allows, waits and resets exactly as the
+    untrimmed one; only ``remaining`` stops at -1 instead of going further below zero."""
+    rate = Rate(limit, 60)
+    now, whole, trimmed = 0, (), ()
+    for gap, units in charges:
+        now += gap * S
+        whole = charge_log(whole or None, now, rate, units).state or ()
+        state = charge_log(trimmed or None, now, rate, charged_units(LOG, rate, units)).state
+        trimmed = bound_debt(LOG, state, 0, now, rate)[0]
+    at = now + later * S
+    exact, kept = (
+        sliding_window_log(whole, at, rate, cost),
+        sliding_window_log(trimmed, at, rate, cost),
+    )
+    assert (exact.allowed, exact.reset_us, exact.retry_after_us) == (
+        kept.allowed, kept.reset_us, kept.retry_after_us
+    )  # fmt: skip
+    assert kept.remaining == max(exact.remaining, -1) and len(trimmed) <= limit + 1
