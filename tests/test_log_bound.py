@@ -35,6 +35,7 @@ from flask_quota.plans import Plan, catalog_from_config
 from flask_quota.policy import LimitSpec, Policy
 from flask_quota.rates import Rate, parse_rates
 from flask_quota.settings import Settings
+from flask_quota.storage import MemoryStorage
 from flask_quota.storage.redis import RedisStorage
 
 BIG = "1000000/hour"
@@ -213,3 +214,27 @@ def test_a_log_trimmed_to_limit_plus_one_decides_as_the_whole_log(
         kept.allowed, kept.reset_us, kept.retry_after_us
     )  # fmt: skip
     assert kept.remaining == max(exact.remaining, -1) and len(trimmed) <= limit + 1
+
+
+def test_a_large_log_set_through_the_cli_never_reaches_the_storage(tmp_path: Path) -> None:
+    """``flask quota plans set free user 1000000/hour --algorithm sliding_window_log``:
+    either refused, or (the SQL row reaches the policy unchecked) the tier is kept on a
+    sliding counter; in no case does the storage hold a log for it."""
+    storage = MemoryStorage()
+    app = Flask(__name__, instance_path=str(tmp_path / "instance"))
+    app.config["QUOTA_DATABASE_URL"] = f"sqlite:///{tmp_path}/quota.sqlite3"
+    quota = Quota(app, storage=storage)
+
+    @app.get("/items")
+    @quota.limit("100/minute")
+    def items() -> str:
+        return "items"
+
+    args = ["plans", "set", "free", "user", BIG, "--algorithm", "sliding_window_log"]
+    result = app.test_cli_runner().invoke(args=["quota", *args, "--actor", "alice"])
+    http = app.test_client()
+    assert [http.get("/items").status_code for _ in range(3)] == [200] * 3
+    keys = list(storage._data)  # the memory store's keys name each tier's algorithm
+    assert not any(k.endswith(":swl") for k in keys), keys
+    if result.exit_code == 0:
+        assert any(k.endswith(":u:swc") for k in keys), (keys, result.output)
