@@ -30,7 +30,7 @@ from .algorithms import Algorithm
 from .models import AuditEntry, Client, Override, PlanLimit, PlanRecord, utcnow
 from .plans import Plan
 from .settings import PlansSource
-from .sql_store import SqlStore, limit_rows, plan_record
+from .sql_store import ADMIN_STATEMENT_TIMEOUT_MS, SqlStore, limit_rows, plan_record
 from .tiers import Tier
 
 __all__ = [
@@ -183,6 +183,7 @@ class QuotaAdmin:
     def plans(self) -> list[PlanInfo]:
         """Every plan with its rates, in upgrade order."""
         with self.store.session() as session:
+            _bounded(session)
             records = session.scalars(
                 select(PlanRecord).order_by(PlanRecord.position, PlanRecord.id)
             ).all()
@@ -411,6 +412,7 @@ class QuotaAdmin:
     def clients(self) -> list[ClientInfo]:
         """Every client (live and revoked), oldest first."""
         with self.store.session() as session:
+            _bounded(session)
             rows = session.scalars(select(Client).order_by(Client.id)).all()
             return [_client_info(row) for row in rows]
 
@@ -472,6 +474,7 @@ class QuotaAdmin:
     def overrides(self, client_id: int | str | None = None) -> list[OverrideInfo]:
         """The overrides of one client, or of every client."""
         with self.store.session() as session:
+            _bounded(session)
             query = select(Override).order_by(Override.client_id, Override.id)
             if client_id is not None:
                 query = query.where(
@@ -539,6 +542,7 @@ class QuotaAdmin:
     def audit_log(self, limit: int = 50) -> list[AuditInfo]:
         """The latest entries, newest first."""
         with self.store.session() as session:
+            _bounded(session)
             rows = session.scalars(
                 select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
             ).all()
@@ -555,6 +559,7 @@ class QuotaAdmin:
     ) -> None:
         """Commit an audit entry on its own (see ``audited`` for a change outside the tables)."""
         with self.store.session() as session, session.begin():
+            _bounded(session)
             self._audit(session, action, target, before, after)
 
     @contextmanager
@@ -594,11 +599,13 @@ class QuotaAdmin:
         second run sees the other's change and does what it would have done coming second."""
         try:
             with self.store.change() as session:
+                _bounded(session)
                 return body(session)
         except (IntegrityError, StaleDataError):
             pass
         try:
             with self.store.change() as session:
+                _bounded(session)
                 return body(session)
         except (IntegrityError, StaleDataError):
             raise ChangeConflict(
@@ -692,6 +699,19 @@ def _plan(session: Session, name: str) -> PlanRecord:
         known = session.scalars(select(PlanRecord.name).order_by(PlanRecord.position)).all()
         raise AdminError(f"unknown plan {name!r}; known plans: {', '.join(known)}")
     return record
+
+
+def _bounded(session: Session) -> None:
+    """Bound this operator transaction's statements, lock waits included, to a couple of
+    seconds: a dashboard page waiting on a locked table holds an app worker meanwhile.
+
+    PostgreSQL only, with ``SET LOCAL``, so it also holds on the host's engine
+    (``Quota(app, db=db)``) and ends with the transaction. Elsewhere the engine's own
+    bounds apply (ours: ``sql_store``'s timeouts; the host's: whatever it configured).
+    """
+    conn = session.connection()
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {ADMIN_STATEMENT_TIMEOUT_MS}")
 
 
 def _locked_plan(session: Session, name: str) -> PlanRecord:

@@ -64,6 +64,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as SqlTimeout
 from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.pool import StaticPool
 
@@ -112,11 +113,15 @@ STALE_AFTER = 5.0  # seconds without a confirmed sync before the snapshot counts
 # API-key requests arriving this soon after the sync started wait (at most that long)
 # for the first load, so a healthy database verifies keys from the very first request.
 FIRST_LOAD_GRACE = 1.0
-# Bounds of our own engine's calls (the host's engine, with db=, is the host's to tune).
-CONNECT_TIMEOUT = 5  # seconds, libpq's connect_timeout
-STATEMENT_TIMEOUT_MS = 5000  # PostgreSQL statement_timeout
-POOL_TIMEOUT = 5.0  # seconds to wait for a pooled connection
-SQLITE_BUSY_TIMEOUT = 5.0  # seconds a SQLite writer waits for another's lock
+# Bounds of our own engine's calls (the host's engine, with db=, is the host's to tune),
+# kept to a few seconds: a dashboard page waiting on the database holds an app worker.
+CONNECT_TIMEOUT = 3  # seconds, libpq's and PyMySQL's connect_timeout
+STATEMENT_TIMEOUT_MS = 5000  # PostgreSQL statement_timeout (PyMySQL: read/write timeouts 3 s)
+# Operator calls (QuotaAdmin) get less, per transaction, on any PostgreSQL engine.
+ADMIN_STATEMENT_TIMEOUT_MS = 2000
+MYSQL_LOCK_WAIT = 2  # seconds, innodb_lock_wait_timeout (InnoDB's default is 50)
+POOL_TIMEOUT = 2.0  # seconds to wait for a pooled connection
+SQLITE_BUSY_TIMEOUT = 3.0  # seconds a SQLite writer waits for another's lock
 # Counters in these are shared between servers (a unix socket is one server's Redis).
 _SHARED_COUNTERS = ("redis", "rediss", "redis+sentinel", "redis+cluster")
 
@@ -199,6 +204,8 @@ class SqlStore:
         self._fresh_at: float | None = None  # monotonic time it was last confirmed current
         self._sync: _Sync | None = None
         self._ready = False
+        self._ready_failures = 0  # failed table setups in this process, and the last one's error
+        self._ready_error: BaseException | None = None
         self._warned_local = False
         self._warned_keys = False
         self._lock = threading.Lock()  # guards the engine
@@ -423,20 +430,34 @@ class SqlStore:
         them with an advisory lock, MySQL with a named lock; on SQLite a loser
         retries after the winner. A slow failure is no such race (the database is
         down): it is not retried.
-        Within a process, callers (the sync, the CLI, the dashboard) take turns,
-        but none waits long behind one stuck on a hung database.
+        Within a process, callers (the sync, the CLI, the dashboard) take turns;
+        one that waits ``CONNECT_TIMEOUT`` behind another stuck on a hung database
+        gives up with ``sqlalchemy.exc.TimeoutError`` rather than trying again itself.
         """
         if self._ready:
             return
-        locked = self._ready_lock.acquire(timeout=2 * CONNECT_TIMEOUT)
+        failures = self._ready_failures
+        if not self._ready_lock.acquire(timeout=CONNECT_TIMEOUT):
+            # Another caller has waited that long on the database: do not stack on it.
+            raise SqlTimeout(
+                f"the quota database at {self.display_url} did not answer within "
+                f"{CONNECT_TIMEOUT} s (another connection attempt is still waiting)"
+            )
         made = False
         try:
             if not self._ready:
-                self._create_and_seed()
+                if self._ready_failures != failures:
+                    # It failed while we waited: its answer is ours, without a second wait.
+                    raise SqlTimeout(f"the quota database did not answer: {self._ready_error}")
+                try:
+                    self._create_and_seed()
+                except DBAPIError as exc:  # the database failed (not: tables missing)
+                    self._ready_failures += 1
+                    self._ready_error = exc
+                    raise
                 made = True
         finally:
-            if locked:
-                self._ready_lock.release()
+            self._ready_lock.release()
         if made:
             for listener in self._ready_listeners:
                 try:
@@ -780,7 +801,7 @@ def _own_engine(url: str) -> Engine:
             pool_size=2,
             max_overflow=4,
             pool_timeout=POOL_TIMEOUT,
-            connect_args=_libpq_bounds(parsed),
+            connect_args=_libpq_bounds(parsed) | _pymysql_bounds(parsed),
         )
     sqlite_args = {"timeout": SQLITE_BUSY_TIMEOUT, "check_same_thread": False}
     database = parsed.database or ""
@@ -813,6 +834,21 @@ def _libpq_bounds(url: URL) -> dict[str, Any]:
     }
     if _libpq_version(driver) >= 120000:
         bounds["tcp_user_timeout"] = 10_000  # ... and on a busy one after 10 s (ms)
+    return {key: value for key, value in bounds.items() if key not in url.query}
+
+
+def _pymysql_bounds(url: URL) -> dict[str, Any]:
+    """Connect, read and write timeouts and a short lock wait for PyMySQL; the URL's
+    own settings win. A read timeout also ends a call to a server that went silent."""
+    if url.get_backend_name() not in ("mysql", "mariadb") or url.get_driver_name() != "pymysql":
+        return {}
+    # PyMySQL reads the server's greeting under read_timeout: it bounds connecting too.
+    bounds: dict[str, Any] = {
+        "connect_timeout": CONNECT_TIMEOUT,
+        "read_timeout": CONNECT_TIMEOUT,
+        "write_timeout": CONNECT_TIMEOUT,
+        "init_command": f"SET SESSION innodb_lock_wait_timeout = {MYSQL_LOCK_WAIT}",
+    }
     return {key: value for key, value in bounds.items() if key not in url.query}
 
 
