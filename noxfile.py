@@ -1,36 +1,81 @@
-"""The fast part of the test suite on every supported Python, each in a venv of its own.
+"""The fast part of the test suite in fresh venvs: other Pythons, and both ends of
+every dependency range we declare.
 
-    nox                      # 3.11, 3.12 and 3.13
-    nox -p 3.13              # one of them
+    nox                      # tests-3.11, tests-3.12, tests-3.13, lowest, latest
+    nox -s lowest            # every runtime dependency at the lowest version setup.cfg allows
+    nox -s latest            # the newest release of every dependency (redis-py 8.x today)
+    nox -p 3.13              # one Python
     nox -- -k migrations     # arguments after -- go to pytest
 
 "Fast" is the marker expression ``FAST``: everything but the tests that start
 gunicorn, kill servers or build the package (``slow``) and the Chromium tests
 (``browser``); scripts/test.sh runs those once, on the main interpreter. The
 interpreters are looked up on PATH as ``python3.X``; pyenv's installed versions
-are added to it, so a machine with pyenv needs no shims.
+are added to it, so a machine with pyenv needs no shims. Outside CI a missing
+interpreter skips its sessions (nox says so); with CI=true it fails them.
 """
 
 from __future__ import annotations
 
+import configparser
 import os
+import re
 from pathlib import Path
 
 import nox
 
 PYTHONS = ["3.11", "3.12", "3.13"]
 FAST = "not slow and not browser"
+ROOT = Path(__file__).parent
 
-nox.options.sessions = ["tests"]
-nox.options.error_on_missing_interpreters = True  # a missing Python fails, never skips
+nox.options.sessions = ["tests", "lowest", "latest"]
+nox.options.error_on_missing_interpreters = os.environ.get("CI", "").lower() in ("1", "true")
 
 _PYENV = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
 _found = [str(p.parent) for v in PYTHONS for p in sorted(_PYENV.glob(f"{v}.*/bin/python{v}"))]
 os.environ["PATH"] = os.pathsep.join([*_found, os.environ.get("PATH", "")])
 
 
+def lowest_pins() -> list[str]:
+    """``name==X`` for each ``name>=X`` of setup.cfg's install_requires (its one source)."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    pins = []
+    for line in config["options"]["install_requires"].splitlines():
+        found = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9.]*)\s*", line)
+        if found:
+            pins.append(f"{found[1]}=={found[2]}")
+        elif line.strip():
+            raise ValueError(f"setup.cfg: {line.strip()!r} has no lower bound to pin")
+    return pins
+
+
+def pytest(session: nox.Session) -> None:
+    session.run(
+        "python", "-m", "pytest", "-m", FAST, "-p", "no:cacheprovider", "-n", "2",
+        *session.posargs,
+    )  # fmt: skip
+
+
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """pytest -m FAST, with the package and its test extra installed."""
     session.install("-e", ".[test]")
-    session.run("python", "-m", "pytest", "-m", FAST, "-p", "no:cacheprovider", *session.posargs)
+    pytest(session)
+
+
+@nox.session(python=PYTHONS[0])
+def lowest(session: nox.Session) -> None:
+    """pytest -m FAST with every runtime dependency at its lowest declared version,
+    on the lowest Python: what a team pinned to old releases gets."""
+    pins = lowest_pins()
+    session.install("-e", ".[test]", *pins)
+    session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
+    pytest(session)
+
+
+@nox.session(python=PYTHONS[-1])
+def latest(session: nox.Session) -> None:
+    """pytest -m FAST with the newest release of everything, on the newest Python."""
+    session.install("--upgrade", "--upgrade-strategy", "eager", "-e", ".[test]")
+    pytest(session)

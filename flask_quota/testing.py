@@ -67,7 +67,8 @@ def test_storage(url: str = "memory://", clock: FrozenClock | None = None) -> St
     Use it as ``Quota(app, storage=test_storage(url, clock))``. In production the
     Redis backends always use the Redis server's clock.
     """
-    scheme = parse_storage_url(url).scheme
+    parsed = parse_storage_url(url)
+    scheme = parsed.scheme
     if scheme == "memory":
         return MemoryStorage(clock) if clock is not None else MemoryStorage()
     timeout = 5.0  # generous: a test machine is often busy
@@ -81,7 +82,7 @@ def test_storage(url: str = "memory://", clock: FrozenClock | None = None) -> St
         return ClusterStorage.from_url(url, timeout=timeout, clock=clock)
     from .storage.redis import RedisStorage
 
-    return RedisStorage.from_url(url, timeout=timeout, clock=clock)
+    return RedisStorage.from_url(parsed.redis_url, timeout=timeout, clock=clock)
 
 
 test_storage.__test__ = False  # type: ignore[attr-defined]  # not a test for pytest to collect

@@ -38,7 +38,7 @@ def storage_from_url(url: str, *, timeout: float) -> Storage:
     from .redis import RedisStorage
 
     try:
-        return RedisStorage.from_url(url, timeout=timeout)
+        return RedisStorage.from_url(parsed.redis_url, timeout=timeout)
     except ValueError as exc:  # redis-py's own checks (e.g. a db that is not a number)
-        message = str(exc).replace(url, parsed.shown)
+        message = str(exc).replace(parsed.redis_url, parsed.shown)
         raise ValueError(f"QUOTA_STORAGE_URL {parsed.shown!r}: {message}; use {FORMS}") from None
