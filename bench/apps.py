@@ -72,7 +72,12 @@ def quota_app(
     deny_cache: bool | None = None,
 ) -> Flask:
     from flask_quota import Identity, Quota
+    from flask_quota.algorithms import MAX_LOG_LIMIT
 
+    if algorithm == "sliding_window_log" and rate == ALLOW:
+        # A log holds one entry per unit, so its limits are capped (MAX_LOG_LIMIT per
+        # window): the largest log over a short window stands in for "never denies".
+        rate = f"{MAX_LOG_LIMIT}/second"
     plan: dict[str, Any] = {"resources": {RESOURCE: DENY if deny else rate}}
     if tiers >= 2:
         plan["user"] = rate

@@ -245,7 +245,7 @@ def test_three_tiers_admit_exactly_n_on_the_cluster(
     Afterwards every counter equals what was admitted through it: refunds left no trace."""
     wait_for_window(7 * 86400)
     plans = {
-        "a": {"global": f"10000/{WEEK}", "user": f"8/{WEEK}", "resources": {"work": f"5/{WEEK}"}},
+        "a": {"global": f"1000/{WEEK}", "user": f"8/{WEEK}", "resources": {"work": f"5/{WEEK}"}},
         "b": {"global": f"60/{WEEK}", "user": f"1000/{WEEK}"},
     }
     server = serve_many(
