@@ -28,10 +28,11 @@ from .admin import QuotaAdmin
 from .algorithms import Outcome
 from .clock import US, ceil_seconds
 from .denycache import DenyCache
+from .errors import CallerBlocked
 from .failover import GuardedStorage
 from .inspection import Caller
 from .keys import KeyBuilder
-from .policy import gate_check
+from .policy import Decision, gate_check
 from .settings import Settings
 from .state import QuotaState
 from .storage import Check, Storage
@@ -43,6 +44,7 @@ __all__ = [
     "escalate",
     "gate_check",
     "list_blocks",
+    "refusal",
     "tags_of",
     "unblock",
 ]
@@ -93,6 +95,28 @@ def escalate(
         # next decision asks the storage, sees the block and caches that instead.
         storage.forget([denials.key])
     return Outcome(False, 0, 0, verdict.now_us + seconds * US, seconds * US)
+
+
+INFO_SECONDS = 2.0  # how long a worker reuses what a block says (blocked floods)
+
+
+def refusal(state: QuotaState, decision: Decision, gate: Outcome, key: str) -> CallerBlocked:
+    """The 429 of a caller whose block gate ``key`` refused it: who blocked it (``auto``
+    or an operator) and the reason if it is public, from the block itself.
+
+    The gate is decided in the request's one storage call, but what the block says
+    is not; it is read once per ``INFO_SECONDS`` per worker, so a blocked flood
+    costs about one read every two seconds. Unreadable (storage failing): the 429
+    claims no cause.
+    """
+    now = time.monotonic()
+    cache = state.block_infos
+    found = cache.current.get(key) or cache.recall(key)
+    if found is None or found[0] < now:
+        info = state.guard.attempt(lambda: state.storage.block_info(key))
+        found = (now + INFO_SECONDS, caller_facing(info or ""))
+        cache.put(key, found)
+    return CallerBlocked(decision, gate, **found[1])
 
 
 # -- tools: quota.block/unblock/blocks, the CLI and the dashboard ---------------

@@ -140,6 +140,9 @@ class DenyCache:
     def blocks(self, match: str) -> list[BlockEntry]:
         return self.storage.blocks(match)
 
+    def block_info(self, key: str) -> str | None:
+        return self.storage.block_info(key)
+
     def ping(self) -> float:
         """The storage's round-trip latency in seconds."""
         return self.storage.ping()

@@ -294,15 +294,20 @@ class Quota:
         ip: str | None = None,
         seconds: int = 600,
         reason: str = "",
+        *,
+        public: bool = False,
     ) -> list[str]:
         """Refuse a caller with 429 ``"tier": "blocked"`` for ``seconds``; returns the
         blocked key tags.
 
         ``identity`` blocks that identity; ``ip`` the anonymous caller from that
-        address. Audited (actor ``api``) before the storage changes. Needs an app context.
+        address. The caller's 429 says an operator blocked it, and gives ``reason`` only
+        when ``public``. Audited (actor ``api``) before the storage changes. Needs an app
+        context.
         """
         state = get_state()
-        return blocks.block(state, inspection.Caller.of(identity, ip), seconds, reason, "api")
+        caller = inspection.Caller.of(identity, ip)
+        return blocks.block(state, caller, seconds, reason, "api", public=public)
 
     def unblock(self, identity: str | None = None, ip: str | None = None) -> list[str]:
         """Lift ``block``'s blocks (in every worker within the sync interval); returns
@@ -397,7 +402,7 @@ class Quota:
         if metrics is not None and verdict is not None:
             metrics.decided(decision, verdict, blocked=blocked is not None)
         if blocked is not None:
-            raise _denial(CallerBlocked(decision, blocked))
+            raise _denial(blocks.refusal(state, decision, blocked, keys[0]))
         g._get_current_object()._quota = (route, reply, keys, tag, spec, state)
         if decision.shadow_denied and signals.quota_shadow_exceeded.receivers:
             signals.notify(signals.quota_shadow_exceeded, app, decision=decision)
@@ -409,7 +414,7 @@ class Quota:
                 storage, keybuilder = state.storage, state.policy.keys
                 blocked = blocks.escalate(storage, state.guard, settings, keybuilder, tag)
                 if blocked is not None:
-                    raise _denial(CallerBlocked(decision, blocked))
+                    raise _denial(CallerBlocked(decision, blocked, by="auto"))
             resource_name = denied.resource if denied.resource == resource else None
             upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
             raise _denial(QuotaExceeded(decision, upgrade=upgrade, cost=cost))

@@ -68,6 +68,10 @@ class QuotaState:
     routes: Generations[RouteKey, Route] = field(default_factory=lambda: Generations(ROUTES))
     routes_of: PlanCatalog | None = None
     proxy_warned: bool = False  # X-Forwarded-For without ProxyFix has been checked (once)
+    # block key -> (expires, what its 429 may say), see ``blocks.refusal``
+    block_infos: Generations[str, tuple[float, dict[str, str | None]]] = field(
+        default_factory=lambda: Generations(1024)
+    )
 
     def view_limit(self, app: Flask, endpoint: str) -> tuple[bool, LimitSpec | None]:
         """``view_limit(app, endpoint)``, cached (routes are fixed once requests run)."""

@@ -266,3 +266,32 @@ def test_on_the_cluster_the_block_shares_the_callers_slot(app: Flask, tmp_path: 
         assert client.get("/items", headers=eve).status_code == 200
     finally:
         cluster.stop()
+
+
+# -- what a blocked caller is told ---------------------------------------------------
+
+
+def test_an_automatic_block_says_why_on_every_request(app: Flask, clock: FrozenClock) -> None:
+    """QUOTA_BLOCK_AFTER's block: the triggering 429 and the later ones say the caller was
+    blocked after too many denied requests."""
+    blocks_app(app, MemoryStorage(clock))
+    client, mallory = app.test_client(), {"X-Client": "mallory"}
+    hammer_until_blocked(client, mallory)
+    detail = client.get("/items", headers=mallory).get_json()["detail"]
+    assert "after too many denied requests" in detail
+
+
+def test_an_operators_block_says_so_and_shows_only_a_public_reason(
+    app: Flask, clock: FrozenClock
+) -> None:
+    """quota.block(): the 429 says an operator blocked the caller; the reason appears only
+    when the operator made it public."""
+    quota = blocks_app(app, MemoryStorage(clock))
+    client = app.test_client()
+    with app.app_context():
+        quota.block("eve", reason="internal fraud score 97")
+        quota.block("bob", reason="unpaid invoice 42", public=True)
+    eve = client.get("/items", headers={"X-Client": "eve"}).get_json()["detail"]
+    bob = client.get("/items", headers={"X-Client": "bob"}).get_json()["detail"]
+    assert "Blocked by an operator" in eve and "fraud" not in eve
+    assert "Blocked by an operator" in bob and "unpaid invoice 42" in bob

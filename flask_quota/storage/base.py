@@ -223,6 +223,9 @@ class Storage(Protocol):
     def blocks(self, match: str) -> list[BlockEntry]:
         """Every live block whose key matches the glob ``match`` (an admin listing)."""
 
+    def block_info(self, key: str) -> str | None:
+        """The ``info`` held at the block ``key``, or ``None`` when it is not blocked."""
+
     def ping(self) -> float:
         """Round-trip latency in seconds; raises ``StorageError`` when down."""
 

@@ -178,6 +178,13 @@ class ClusterStorage:
         return read_blocks(client, list(client.scan_iter(match=match, count=1000)))
 
     @wraps_errors(*REDIS_ERRORS)
+    def block_info(self, key: str) -> str | None:
+        info = self._connected()[0].get(key)
+        if isinstance(info, bytes):
+            return info.decode("utf-8", "replace")
+        return info  # None, or a str from a client made with decode_responses
+
+    @wraps_errors(*REDIS_ERRORS)
     def ping(self) -> float:
         """Round-trip latency in seconds; raises ``StorageError`` when down."""
         start = time.perf_counter()

@@ -106,6 +106,14 @@ class MemoryStorage:
                 if expires > now and fnmatch.fnmatchcase(key, match)
             ]
 
+    def block_info(self, key: str) -> str | None:
+        with self._lock:
+            found = self._data.get(key)
+            if found is None or found[1] <= self._clock():
+                return None
+            info: str = found[0][1]
+            return info
+
     def ping(self) -> float:
         """Always 0: there is no round trip."""
         return 0.0
