@@ -28,7 +28,8 @@ from sqlalchemy.orm.exc import StaleDataError
 from . import apikeys, validators
 from .algorithms import Algorithm
 from .models import AuditEntry, Client, Override, PlanLimit, PlanRecord, utcnow
-from .plans import Plan
+from .plans import Plan, check_fit
+from .rates import parse_rates
 from .settings import PlansSource
 from .sql_store import ADMIN_STATEMENT_TIMEOUT_MS, SqlStore, limit_rows, plan_record
 from .tiers import Tier
@@ -280,6 +281,7 @@ class QuotaAdmin:
                 limit.algorithm = algorithm_
             if shadow is not None:
                 limit.shadow = bool(shadow)
+            self._fits(limit.rate, limit.algorithm, f"plan {plan!r}, {tier_} {resource_}".strip())
             session.flush()
             after = _plan_info(record)
             self._audit(session, "plan.limit.set", f"plan:{plan}", asdict(before), asdict(after))
@@ -501,6 +503,9 @@ class QuotaAdmin:
 
         def apply(session: Session) -> OverrideInfo:
             client = _client(session, client_id)
+            limit = _limit(client.plan, tier_, resource_)
+            where = f"the override of client {client.id}"
+            self._fits(rate_, limit.algorithm if limit is not None else None, where)
             row = session.scalar(
                 select(Override).where(
                     Override.client_id == client.id,
@@ -612,6 +617,17 @@ class QuotaAdmin:
                 f"{what} was changed by someone else at the same moment, twice; "
                 "nothing was saved: try again"
             ) from None
+
+    def _fits(self, rate: str, algorithm: str | None, where: str) -> None:
+        """Refuse a rate its algorithm cannot enforce (``plans.check_fit``): the limit's
+        own ``algorithm``, else ``QUOTA_ALGORITHM``. Raised inside a change, so nothing
+        is written."""
+        default = self.store.settings.algorithm
+        try:
+            chosen = Algorithm(algorithm) if algorithm else default
+            check_fit(parse_rates(rate), chosen, where, default=not algorithm)
+        except ValueError as exc:
+            raise AdminError(str(exc)) from None
 
     def _audit(
         self,

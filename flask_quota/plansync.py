@@ -168,7 +168,10 @@ def import_plans(admin: QuotaAdmin, text: str) -> list[str]:
     if not isinstance(raw, Mapping):
         raise AdminError("the plans file must hold a JSON object of plan name -> settings")
     try:
-        catalog = catalog_from_config(raw, upgrade_url=admin.store.settings.upgrade_url)
+        settings = admin.store.settings
+        catalog = catalog_from_config(
+            raw, upgrade_url=settings.upgrade_url, algorithm=settings.algorithm
+        )
         for plan in catalog.values():  # what the tables accept, checked before writing
             validators.plan_name(plan.name)
             for resource in plan.resources:
