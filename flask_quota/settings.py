@@ -79,7 +79,9 @@ DEFAULTS: dict[str, Any] = {
 DOCS: dict[str, str] = {
     "QUOTA_STORAGE_URL": "Where counters live: ``memory://``, ``redis://host:6379/0``, "
     "``rediss://...``, ``unix:///path/redis.sock``, ``redis+sentinel://host:26379/service`` "
-    "or ``redis+cluster://host:6379[,host:6380]``.",
+    "or ``redis+cluster://host:6379[,host:6380]``; ``valkey://``, ``valkeys://``, "
+    "``valkey+sentinel://`` and ``valkey+cluster://`` mean the same for Valkey. "
+    "Percent-encode ``/ ? # @`` in a password (``%2F %3F %23 %40``).",
     "QUOTA_ALGORITHM": "``token_bucket``, ``fixed_window``, ``sliding_window_log`` or "
     "``sliding_window_counter``.",
     "QUOTA_DEFAULT_PLAN": "Plan of identities that name none.",

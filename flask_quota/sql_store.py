@@ -85,6 +85,7 @@ from .plans import LimitMode, Plan, PlanCatalog
 from .rates import Rates, parse_rates
 from .settings import Settings
 from .snapshot import KeyEntry, OverrideRule, SqlCatalog
+from .storage.url import SCHEMES
 from .tiers import Tier
 
 if TYPE_CHECKING:
@@ -680,7 +681,7 @@ def local_database_warning(storage_url: str, database_url: str | None) -> str | 
     """The start-up warning for counters shared between servers (Redis) beside a quota
     database local to this server (SQLite), or ``None``. ``database_url`` is ``None``
     for the host's database (``db=``), which is the host's choice."""
-    scheme = storage_url.split("://", 1)[0].strip().lower()
+    scheme = SCHEMES.get(storage_url.split("://", 1)[0].strip().lower())
     if scheme not in _SHARED_COUNTERS or database_url is None:
         return None
     url = make_url(database_url)

@@ -161,6 +161,8 @@ def test_an_app_made_by_a_flask_command_starts_nothing(
         ("rediss://10.0.0.5:6380/0", "sqlite-memory", True),
         ("redis+sentinel://10.0.0.5:26379/main", "default-existing", True),
         ("redis+cluster://10.0.0.5:7000", "sqlite-file", True),
+        ("valkey://10.0.0.5:6379/0", "sqlite-file", True),
+        ("valkey+cluster://10.0.0.5:7000", "sqlite-file", True),
         ("redis://10.0.0.5:6379/0", "default-absent", False),  # nothing uses SQL yet
         ("redis://10.0.0.5:6379/0", "postgresql", False),
         ("unix:///run/redis.sock", "sqlite-file", False),  # a local Redis: one server
