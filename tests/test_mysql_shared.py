@@ -82,7 +82,11 @@ def test_servers_starting_together_on_a_fresh_database_set_it_up_once(
     try:
         for starter in starters:  # every one has imported and built its app
             assert starter.stdout is not None
-            assert starter.stdout.readline().strip() == "waiting"
+            line = starter.stdout.readline().strip()
+            if line != "waiting":  # it died before its app was built: say why
+                starter.wait(timeout=30)
+                assert starter.stderr is not None
+                raise AssertionError(f"a starter said {line!r}: {starter.stderr.read()[-3000:]}")
         go.touch()
         results = [starter.communicate(timeout=60) for starter in starters]
     finally:

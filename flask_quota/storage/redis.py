@@ -14,6 +14,7 @@ from redis.retry import Retry
 
 from ..usage import RedisUsageSink, UsageSink
 from .base import BlockEntry, Check, Clock, Reply, Verdict, verdict_of, wraps_errors
+from .url import parse_storage_url
 
 __all__ = [
     "CHARGE_SCRIPT",
@@ -118,9 +119,10 @@ class RedisStorage:
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float, clock: Clock | None = None) -> RedisStorage:
-        """``redis://``, ``rediss://`` or ``unix://``; ``clock`` replaces Redis ``TIME`` (tests)."""
+        """``redis://``, ``rediss://``, ``unix://`` (or ``valkey://``, ``valkeys://``);
+        ``clock`` replaces Redis ``TIME`` (tests)."""
         client = redis.Redis.from_url(
-            url,
+            parse_storage_url(url).redis_url,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             # No retries: a failed call is reported at once and the circuit
