@@ -167,8 +167,9 @@ def plan_limit(plan: str | None = None) -> Any:
 
     def change(a: QuotaAdmin) -> str:
         info = a.set_plan_limit(
-            plan, tier, rate, resource=resource, algorithm=algorithm, shadow=shadow
-        )
+            plan, tier, rate, resource=resource, algorithm=algorithm, shadow=shadow,
+            based_on=_field("based_on") or None,
+        )  # fmt: skip
         limit = next(x for x in info.limits if (x.tier, x.resource) == (tier, resource or ""))
         notes = [n for n in (limit.algorithm, "shadow" if limit.shadow else "") if n]
         return f"Plan {plan}: {where} is now {limit.rate}" + (
@@ -188,7 +189,7 @@ def plan_unset(plan: str) -> Any:
     where = f"{tier} {resource}" if resource else tier
 
     def change(a: QuotaAdmin) -> str:
-        a.delete_plan_limit(plan[:FIELD_MAX], tier, resource)
+        a.delete_plan_limit(plan[:FIELD_MAX], tier, resource, based_on=_field("based_on") or None)
         return f"Plan {plan}: {where} has no rate now (that tier no longer limits it)."
 
     return _plan_change(change)
@@ -204,7 +205,7 @@ def plan_create() -> Any:
 
 def plan_delete(plan: str) -> Any:
     def change(a: QuotaAdmin) -> str:
-        info = a.delete_plan(plan[:FIELD_MAX])
+        info = a.delete_plan(plan[:FIELD_MAX], based_on=_field("based_on") or None)
         return f"Plan {info.name} deleted."
 
     return _plan_change(change)

@@ -253,3 +253,37 @@ def test_config_owned_plans_are_read_only(tmp_path: Path) -> None:
     response = http.post("/quota/plans/new", headers=OPS, data={"name": "x", "csrf_token": token})
     assert response.status_code == 403
     assert snapshot(app) == before
+
+
+def test_an_edit_from_a_stale_page_is_refused_and_says_reload(ops_app: Flask) -> None:
+    """Two operators load the plans page; one saves free's user rate, then the other
+    saves from the page loaded before: refused with 409 and "reload", the first change
+    kept. Saving again from a freshly loaded page works."""
+    first, second = ops_app.test_client(), ops_app.test_client()
+    stale = page(second)
+    token = re.search(
+        r'action="/quota/plans/free/limit">.*?name="based_on" value="([0-9a-f]+)"', stale, re.S
+    )
+    assert token is not None, "the cell form carries the plan's state"
+    status, _ = post(
+        first, "/quota/plans/free/limit", "/quota/plans",
+        tier="user", resource="", rate="7/minute", based_on=token.group(1),
+    )  # fmt: skip
+    assert status == 200 and cell(first, "free", "user") == "7/minute"
+    status, body = post(
+        second, "/quota/plans/free/limit", "/quota/plans",
+        tier="user", resource="", rate="9/minute", based_on=token.group(1),
+    )  # fmt: skip
+    assert status == 409 and "reload" in body
+    assert cell(second, "free", "user") == "7/minute"
+    fresh = re.search(
+        r'action="/quota/plans/free/limit">.*?name="based_on" value="([0-9a-f]+)"',
+        page(second),
+        re.S,
+    )
+    assert fresh is not None and fresh.group(1) != token.group(1)
+    status, _ = post(
+        second, "/quota/plans/free/limit", "/quota/plans",
+        tier="user", resource="", rate="9/minute", based_on=fresh.group(1),
+    )  # fmt: skip
+    assert status == 200 and cell(second, "free", "user") == "9/minute"
