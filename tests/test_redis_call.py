@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -109,30 +111,48 @@ def test_threads_share_connections_and_count_exactly(own_redis: RedisServer) -> 
         client.close()
 
 
+FORKED = """
+import os, sys
+from flask_quota.algorithms import Algorithm
+from flask_quota.rates import parse_rate
+from flask_quota.storage import Check
+from flask_quota.storage.redis import RedisStorage
+from flask_quota.testing import FrozenClock
+
+# A frozen clock (shared by both processes): on Redis time a token comes back every
+# 0.6 s, and the parent's 21 answers on a slow machine could take longer.
+storage = RedisStorage.from_url(sys.argv[1], timeout=5.0, clock=FrozenClock())
+TB = Algorithm.TOKEN_BUCKET
+parent = Check("parent", TB, parse_rate("100/minute"), 1)
+child = Check("child", TB, parse_rate("50/minute"), 1)
+storage.decide([parent])
+pid = os.fork()
+if pid == 0:  # the child: exit 0 only if every answer is its own
+    ok = all(storage.decide([child]).outcomes[0].remaining == 49 - i for i in range(20))
+    os._exit(0 if ok else 1)
+answers = [storage.decide([parent]).outcomes[0].remaining for _ in range(20)]
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), answers == [98 - i for i in range(20)])
+"""
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_opens_its_own_connection(redis_server: RedisServer) -> None:
     """A worker forked after the parent used Redis (gunicorn --preload) does not
-    share the parent's socket: both keep getting their own answers."""
+    share the parent's socket: both keep getting their own answers. The fork runs in
+    a fresh single-threaded interpreter, as gunicorn's master is (forking the test
+    runner, which has threads, is what Python warns about)."""
     client = redis_server.client()
     client.flushall()
-    # A frozen clock (shared by both processes): on Redis time a token comes back every
-    # 0.6 s, and the parent's 21 answers on a slow machine could take longer.
-    storage = RedisStorage.from_url(redis_server.url, timeout=5.0, clock=FrozenClock())
-    try:
-        parent = Check("parent", TB, parse_rate("100/minute"), 1)
-        child = Check("child", TB, parse_rate("50/minute"), 1)
-        storage.decide([parent])
-        pid = os.fork()
-        if pid == 0:  # the child: exit 0 only if every answer is its own
-            ok = all(storage.decide([child]).outcomes[0].remaining == 49 - i for i in range(20))
-            os._exit(0 if ok else 1)
-        answers = [storage.decide([parent]).outcomes[0].remaining for _ in range(20)]
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        assert answers == [98 - i for i in range(20)]
-    finally:
-        storage.close()
-        client.close()
+    client.close()
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED, redis_server.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "True"], done.stderr
 
 
 def test_close_disconnects_idle_connections(own_redis: RedisServer) -> None:
