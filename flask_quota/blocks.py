@@ -45,7 +45,6 @@ __all__ = [
     "gate_check",
     "list_blocks",
     "refusal",
-    "tags_of",
     "unblock",
 ]
 
@@ -199,11 +198,6 @@ def list_blocks(state: QuotaState) -> list[Block]:
             )
         )
     return sorted(found, key=lambda b: (-b.until, b.tag))
-
-
-def tags_of(caller: Caller) -> list[str]:
-    """The tags ``block``/``unblock`` act on: the caller's, and its address's if named."""
-    return caller.tags
 
 
 def caller_facing(info: str) -> dict[str, str | None]:

@@ -17,7 +17,7 @@ from . import blocks, inspection, plansync, signals, validators
 from .blocks import Block
 from .breaker import CircuitBreaker
 from .denycache import DenyCache
-from .errors import CallerBlocked, InvalidApiKey, QuotaExceeded
+from .errors import InvalidApiKey, QuotaExceeded
 from .failover import GuardedStorage
 from .headers import apply_headers, rate_limit_headers, reply_headers
 from .identity import Identity, plausible_api_key
@@ -414,7 +414,9 @@ class Quota:
                 storage, keybuilder = state.storage, state.policy.keys
                 blocked = blocks.escalate(storage, state.guard, settings, keybuilder, tag)
                 if blocked is not None:
-                    raise _denial(CallerBlocked(decision, blocked, by="auto"))
+                    # Blocked now: by this denial, or meanwhile by anyone (an operator
+                    # too), so what the block says is read, as at the gate.
+                    raise _denial(blocks.refusal(state, decision, blocked, keys[0]))
             resource_name = denied.resource if denied.resource == resource else None
             upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
             raise _denial(QuotaExceeded(decision, upgrade=upgrade, cost=cost))

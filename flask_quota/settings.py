@@ -206,14 +206,14 @@ class Settings:
             except json.JSONDecodeError as exc:
                 raise ValueError(f"QUOTA_PLANS is not valid JSON: {exc}") from None
         algorithm = _choice(get, "QUOTA_ALGORITHM", Algorithm)
-        try:
-            plans = catalog_from_config(
-                raw_plans or DEFAULT_PLANS, upgrade_url=upgrade_url, algorithm=algorithm
-            )
-        except ValueError as exc:
-            if raw_plans:
-                raise
-            raise ValueError(f"the built-in plans (QUOTA_PLANS is unset): {exc}") from None
+        # The app's own plans must fit QUOTA_ALGORITHM; the built-in ones are not the
+        # app's to edit, so a limit of theirs too large for a sliding log is enforced on
+        # a sliding counter instead (Policy logs it once).
+        plans = catalog_from_config(
+            raw_plans or DEFAULT_PLANS,
+            upgrade_url=upgrade_url,
+            algorithm=algorithm if raw_plans else None,
+        )
         settings = cls(
             storage_url=_text(get, "QUOTA_STORAGE_URL"),
             algorithm=algorithm,

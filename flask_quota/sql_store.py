@@ -108,7 +108,9 @@ DEFAULT_DATABASE_FILE = "flask_quota.sqlite3"
 # Our own Alembic version table, so that a host's ``alembic_version`` is never touched.
 VERSION_TABLE = "quota_alembic_version"
 _INIT_LOCK_ID = 0x71756F7461  # "quota": pg_advisory_xact_lock key for first-time setup
-_INIT_LOCK_NAME = "flask_quota_setup:"  # MySQL GET_LOCK name for the same, + database
+# MySQL GET_LOCK name for the same, + a hash of the database's name: lock names stop
+# at 64 characters, database names may use all 64.
+_INIT_LOCK_NAME = "flask_quota_setup:"
 
 STALE_AFTER = 5.0  # seconds without a confirmed sync before the snapshot counts as stale
 # API-key requests arriving this soon after the sync started wait (at most that long)
@@ -441,8 +443,9 @@ class SqlStore:
         if not self._ready_lock.acquire(timeout=CONNECT_TIMEOUT):
             # Another caller has waited that long on the database: do not stack on it.
             raise SqlTimeout(
-                f"the quota database at {self.display_url} did not answer within "
-                f"{CONNECT_TIMEOUT} s (another connection attempt is still waiting)"
+                f"the quota database at {self.display_url} is still being set up by another "
+                f"request after {CONNECT_TIMEOUT} s (connecting, or creating its tables): "
+                "try again shortly"
             )
         made = False
         try:
@@ -916,14 +919,15 @@ def _mysql_setup_lock(engine: Engine) -> Iterator[None]:
     with engine.connect() as holder:
         # 0 after the timeout: go on regardless, a loser then retries like on SQLite.
         holder.execute(
-            text("SELECT GET_LOCK(CONCAT(:name, DATABASE()), :timeout)"),
+            text("SELECT GET_LOCK(CONCAT(:name, SHA1(DATABASE())), :timeout)"),
             {"name": _INIT_LOCK_NAME, "timeout": CONNECT_TIMEOUT},
         )
         try:
             yield
         finally:
             holder.execute(
-                text("SELECT RELEASE_LOCK(CONCAT(:name, DATABASE()))"), {"name": _INIT_LOCK_NAME}
+                text("SELECT RELEASE_LOCK(CONCAT(:name, SHA1(DATABASE())))"),
+                {"name": _INIT_LOCK_NAME},
             )
 
 

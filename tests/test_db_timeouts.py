@@ -84,7 +84,7 @@ def test_a_locked_plan_table_answers_503_within_a_few_seconds(
                 took, page = timed(lambda: http.get("/quota/plans", headers=OPS))
                 assert page.status_code == 503 and took < PAGE_BOUND, (page.status_code, took)
             took, api = timed(lambda: http.get("/items"))
-            assert api.status_code == 200 and took < 0.5
+            assert api.status_code == 200 and took < 2.0  # a page waits its bound: the API never
         finally:
             lock.release()
         assert http.get("/quota/plans", headers=OPS).status_code == 200
@@ -167,7 +167,7 @@ def test_a_database_that_never_answers_is_bounded(tmp_path: Path, scheme: str) -
             assert page.status_code == 503 and took < PAGE_BOUND, (path, page.status_code, took)
             assert page.headers["Retry-After"].isdigit()
         took, api = timed(lambda: http.get("/items"))
-        assert api.status_code == 200 and took < 0.5
+        assert api.status_code == 200 and took < 2.0  # a page waits its bound: the API never
     finally:
         server.close()
         sql_store(app).close()

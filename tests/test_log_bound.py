@@ -238,3 +238,23 @@ def test_a_large_log_set_through_the_cli_never_reaches_the_storage(tmp_path: Pat
     assert not any(k.endswith(":swl") for k in keys), keys
     if result.exit_code == 0:
         assert any(k.endswith(":u:swc") for k in keys), (keys, result.output)
+
+
+def test_the_built_in_plans_start_under_a_sliding_log(
+    app: Flask, caplog: pytest.LogCaptureFixture
+) -> None:
+    """QUOTA_ALGORITHM=sliding_window_log without QUOTA_PLANS (Flask-Limiter's
+    moving-window, ported) starts and serves: the built-in plans are not refused for
+    their limits past the bound (enterprise's user 2000/minute, ai_tokens); those are
+    enforced on a sliding counter, and any message about it says so."""
+    app.config["QUOTA_ALGORITHM"] = "sliding_window_log"
+    Quota(app)
+
+    @app.get("/ping")
+    def ping() -> str:
+        return "pong"
+
+    client = app.test_client()
+    with caplog.at_level(logging.ERROR, logger="flask_quota"):
+        assert [client.get("/ping").status_code for _ in range(3)] == [200, 200, 200]
+    assert all("sliding_window_counter" in r.getMessage() for r in caplog.records)

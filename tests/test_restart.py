@@ -126,3 +126,26 @@ def test_a_reply_lost_after_sending_is_not_retried(
         assert int(after.headers["X-RateLimit-Remaining"]) == LIMIT - 3
     finally:
         server.stop()
+
+
+def test_reconnects_never_use_up_a_bounded_pool(own_redis: RedisServer) -> None:
+    """With ?max_connections=2 in the URL, connections the server keeps closing are
+    reconnected, never replaced by new ones that count against the pool's bound: after
+    ten rounds of CLIENT KILL every call still works."""
+    from flask_quota.algorithms import Algorithm
+    from flask_quota.rates import parse_rate
+    from flask_quota.storage import Check
+    from flask_quota.storage.redis import RedisStorage
+
+    storage = RedisStorage.from_url(f"{own_redis.url}?max_connections=2", timeout=2.0)
+    check = Check("k", Algorithm.TOKEN_BUCKET, parse_rate("1000/minute"), 1)
+    admin = own_redis.client()
+    try:
+        for _ in range(10):
+            storage.decide([check])
+            admin.client_kill_filter(_type="normal", skipme=True)
+        assert storage.decide([check]).outcomes[0].allowed
+    finally:
+        storage.close()
+        admin.close()
+        admin.connection_pool.disconnect()

@@ -215,8 +215,8 @@ class _ScriptCall:
     What matters is kept: connections come from the client's pool factory (its
     URL, TLS, timeouts) and connect through ``connect()`` as the pool's do (a
     Sentinel connection asks there for the master); a connection the server
-    closed while it sat idle is replaced before the call is sent (see ``_send``);
-    a call that fails half-way drops its connection; errors are redis-py's own;
+    closed while it sat idle is reconnected before the call is sent (see ``_send``);
+    a call that fails half-way disconnects its connection; errors are redis-py's own;
     and a ``NOSCRIPT`` reply (Redis restarted or flushed its scripts) loads the
     script and sends the call once more.
 
@@ -230,6 +230,7 @@ class _ScriptCall:
         self._pool = pool
         self._script = script
         self._idle: list[Any] = []
+        self._spare: list[Any] = []  # disconnected after a failure, to connect afresh
         self._pid = os.getpid()
         self._head = b"%b%b" % (_bulk(b"EVALSHA"), _bulk(sha.encode()))
         self._modes = {mode: _bulk(mode.encode()) for mode in ("decide", "peek")}
@@ -282,7 +283,7 @@ class _ScriptCall:
     def __call__(self, packed: bytes) -> Any:
         """Send one packed call and return its reply; redis-py's errors propagate."""
         if self._pid != os.getpid():
-            self._idle, self._pid = [], os.getpid()
+            self._idle, self._spare, self._pid = [], [], os.getpid()
         try:
             reused = self._idle.pop()
         except IndexError:
@@ -300,9 +301,7 @@ class _ScriptCall:
             self._idle.append(conn)  # the whole reply was read: the connection is clean
             raise
         except BaseException:
-            # Half-way through a reply: never reuse it. It is dropped, not put back, so
-            # every idle connection is one whose last call worked.
-            conn.disconnect()
+            self._broken(conn)  # half-way through a reply: never reuse its socket
             raise
         self._idle.append(conn)
         return reply
@@ -313,11 +312,14 @@ class _ScriptCall:
         A reused connection may have been closed by the server since its last call
         (a restart, an idle timeout, a proxy): redis-py's own readiness poll,
         ``can_read``, finds that before anything is sent (it raises on a closed
-        socket; True means bytes nobody asked for), and the call goes out on a fresh
-        connection. A send that fails on a reused connection is tried once more on a
-        fresh one. Both are safe because a command that was never sent cannot have
-        run. A reply lost *after* the send is not retried, since the script may have
-        run: that call fails and ``QUOTA_FAIL_MODE`` decides.
+        socket; True means bytes nobody asked for), and the same connection object
+        connects afresh. A send that fails on a reused connection is tried once more
+        on a fresh socket. Both are safe because a command that was never sent cannot
+        have run. A reply lost *after* the send is not retried, since the script may
+        have run: that call fails and ``QUOTA_FAIL_MODE`` decides.
+
+        Connection objects are reused, never replaced: the pool counts every one it
+        makes against ``max_connections`` and is never told of one dropped.
         """
         if conn is not None:
             try:
@@ -327,19 +329,30 @@ class _ScriptCall:
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 pass
             conn.disconnect()
-        conn = self._pool.make_connection()
+        else:
+            try:
+                conn = self._spare.pop()  # disconnected by a failure: connects below
+            except IndexError:
+                conn = self._pool.make_connection()
         try:
             # Through connect(): a Sentinel connection asks there for the master.
             conn.connect()
             conn.send_packed_command((packed,), check_health=False)
         except BaseException:
-            conn.disconnect()
+            self._broken(conn)
             raise
         return conn
 
+    def _broken(self, conn: Any) -> None:
+        """Disconnect ``conn`` and keep it apart from the idle ones: every idle
+        connection is one whose last call worked (so a dead server costs one connect
+        attempt per call, not two)."""
+        conn.disconnect()
+        self._spare.append(conn)
+
     def close(self) -> None:
         """Disconnect the idle connections (one in use is closed by its next failure or GC)."""
-        idle, self._idle = self._idle, []
+        idle, self._idle, self._spare = self._idle, [], []
         for conn in idle:
             conn.disconnect()
 
