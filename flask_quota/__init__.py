@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .algorithms import Algorithm
-from .errors import InvalidApiKey, QuotaExceeded, QuotaUnavailable
+from .errors import CallerBlocked, InvalidApiKey, QuotaExceeded, QuotaUnavailable
 from .extension import Quota
 from .identity import Identity
 from .plans import Plan, PlanCatalog
@@ -12,6 +12,7 @@ from .tiers import Tier
 
 __all__ = [
     "Algorithm",
+    "CallerBlocked",
     "Identity",
     "InvalidApiKey",
     "Plan",

@@ -137,7 +137,8 @@ class PlanCatalog(Mapping[str, Plan]):
         return None
 
 
-# The seed's table (SPEC section 2), plus an ``ai_tokens`` budget metered after the fact.
+# The default plans (the README's plan table), plus an ``ai_tokens`` budget metered after
+# the fact.
 DEFAULT_PLANS: dict[str, dict[str, Any]] = {
     "free": {
         "global": "50/second",

@@ -9,6 +9,7 @@ from typing import Any
 
 from .algorithms import Algorithm, Gate, Outcome, bucket_ceiling, unfit
 from .clock import seconds_until
+from .core.reply import Reply
 from .keys import KeyBuilder
 from .plans import ENFORCED, LimitMode, Plan
 from .rates import Rate, Rates
@@ -111,11 +112,19 @@ class Decision:
         """True when every enforced tier allowed the request."""
         return all(r.outcome.allowed or r.shadow for r in self.results)
 
+    def _pick(self, rule: Callable[[Reply, list[int]], int]) -> TierResult | None:
+        """The enforced result that ``Reply``'s rule ``rule`` picks (one home for it)."""
+        among = [i for i, r in enumerate(self.results) if not r.shadow]
+        if not among:
+            return None
+        reply = Reply.of(self.now_us, self.allowed, (r.outcome for r in self.results))
+        found = rule(reply, among)
+        return self.results[found] if found >= 0 else None
+
     @property
     def denied(self) -> TierResult | None:
         """The denying (enforced) tier that makes the caller wait longest."""
-        denied = [r for r in self.results if not r.outcome.allowed and not r.shadow]
-        return max(denied, key=lambda r: r.outcome.retry_after_us) if denied else None
+        return self._pick(Reply.denied)
 
     @property
     def shadow_denied(self) -> tuple[TierResult, ...]:
@@ -125,10 +134,12 @@ class Decision:
     @property
     def closest(self) -> TierResult | None:
         """The enforced tier nearest its limit: fewest remaining; ties go to the latest reset."""
-        enforced = self.enforced
-        if not enforced:
-            return None
-        return min(enforced, key=lambda r: (r.outcome.remaining, -r.outcome.reset_us))
+        return self._pick(Reply.closest)
+
+    @property
+    def shown(self) -> TierResult | None:
+        """The tier the rate-limit headers describe: ``denied``, else ``closest``."""
+        return self._pick(Reply.shown)
 
     def adjusted(self, delta: int, algorithm: Algorithm | Gate) -> Decision:
         """This decision with ``delta`` units more room on the endpoint tier (a refund

@@ -118,10 +118,16 @@ class UsageHost(Protocol):
 
 
 def usage_sink(storage: object, prefix: str) -> UsageSink:
-    """The sink ``storage`` hosts; a storage that hosts none gets an in-process one."""
-    if isinstance(storage, UsageHost):
-        return storage.usage_sink(prefix)
-    return MemoryUsageSink()
+    """The sink ``storage`` hosts; a storage that hosts none gets an in-process one.
+
+    A wrapper (the deny cache, the fail-mode guard) hosts what the ``storage`` it
+    wraps hosts: it is looked through here instead of each wrapper passing it on.
+    """
+    while not isinstance(storage, UsageHost):
+        storage = getattr(storage, "storage", None)
+        if storage is None:
+            return MemoryUsageSink()
+    return storage.usage_sink(prefix)
 
 
 class _Minute:

@@ -9,6 +9,7 @@ from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from ..algorithms import Algorithm, Gate, Outcome
 from ..clock import Clock, wall_clock_us
+from ..core.reply import Reply
 from ..rates import Rate
 
 __all__ = [
@@ -74,34 +75,17 @@ def shadow_flags(checks: Sequence[Check]) -> tuple[bool, ...]:
     return flags if any(flags) else ()
 
 
-Reply = list[int]
-"""A verdict as flat integers, the request path's form of it (the decide script's
-reply): ``[now_us, all_allowed, then per check: allowed, remaining, reset_us,
-retry_us]``, with 1/0 for the flags. No object is made per check."""
-
-
 def flat_reply(verdict: Verdict) -> Reply:
     """``verdict`` as a ``Reply``."""
-    reply = [verdict.now_us, int(verdict.allowed)]
-    for o in verdict.outcomes:
-        reply += (int(o.allowed), o.remaining, o.reset_us, o.retry_after_us)
-    return reply
+    return Reply.of(verdict.now_us, verdict.allowed, verdict.outcomes)
 
 
 def verdict_of(checks: Sequence[Check], reply: Sequence[int]) -> Verdict:
     """A ``Reply`` for ``checks`` as a ``Verdict``; each outcome's limit is its rate's
     (a token bucket's capacity; 0 for a gate, which has no limit)."""
-    outcomes = tuple(
-        Outcome(
-            bool(reply[2 + 4 * i]),
-            shown_limit(check),
-            int(reply[3 + 4 * i]),
-            int(reply[4 + 4 * i]),
-            int(reply[5 + 4 * i]),
-        )
-        for i, check in enumerate(checks)
-    )
-    return Verdict(int(reply[0]), outcomes, shadow_flags(checks))
+    flat = reply if isinstance(reply, Reply) else Reply(reply)
+    outcomes = tuple(flat.outcome(i, shown_limit(check)) for i, check in enumerate(checks))
+    return Verdict(flat.now_us, outcomes, shadow_flags(checks))
 
 
 def shown_limit(check: Check) -> int:

@@ -140,7 +140,7 @@ class MemoryStorage:
                 self._sweep(now)
             data = self._data
             get, gate = data.get, block_gate  # locals: read once per check
-            reply = [now, 1]
+            reply = Reply((now, 1))
             writes = []  # (key, state, ttl) of each check that allowed
             for key, (step_of, rate, cost, shadow) in zip(keys, shape, strict=True):
                 entry = get(key)
@@ -154,8 +154,8 @@ class MemoryStorage:
                     if ttl > 0 or entry is not None:  # else: nothing stored, nothing to drop
                         writes.append((key, state, ttl))
                 elif not shadow:
-                    reply[1] = 0
-            if commit and reply[1]:
+                    reply.deny_all()
+            if commit and reply.all_allowed:
                 slots = self._slots
                 for key, state, ttl in writes:
                     if ttl <= 0:
