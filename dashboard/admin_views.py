@@ -26,19 +26,18 @@ from flask import (
 )
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from flask_quota import Tier
-from flask_quota.admin import (
+from flask_quota import Algorithm, Tier
+from flask_quota.tools import (
     PLANS_READ_ONLY,
     AdminError,
     ChangeConflict,
     PlanInfo,
     PlansReadOnly,
     QuotaAdmin,
+    TablesMissing,
+    get_state,
     parse_duration,
 )
-from flask_quota.algorithms import Algorithm
-from flask_quota.sql_store import TablesMissing
-from flask_quota.state import get_state
 
 from .session import flash
 

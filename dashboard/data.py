@@ -14,24 +14,29 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from flask_quota import Plan
-from flask_quota.clock import US, seconds_until, wall_clock_us
-from flask_quota.identity import client_ip
-from flask_quota.inspection import (
+from flask_quota.tools import (
+    HOUR,
+    SHADOW_DENIED,
+    US,
     BucketState,
     Caller,
+    Client,
+    KeyBuilder,
+    Mark,
+    MinuteUsage,
+    QuotaState,
+    StorageError,
+    TablesMissing,
     TierCheck,
     caller_checks,
+    client_ip,
+    gate_check,
     is_tag,
     peek,
     plan_of,
+    seconds_until,
+    wall_clock_us,
 )
-from flask_quota.keys import KeyBuilder
-from flask_quota.models import Client
-from flask_quota.policy import gate_check
-from flask_quota.sql_store import TablesMissing
-from flask_quota.state import QuotaState
-from flask_quota.storage import StorageError
-from flask_quota.usage import HOUR, SHADOW_DENIED, Mark, MinuteUsage
 
 __all__ = [
     "KIND_LABELS",

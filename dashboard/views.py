@@ -22,11 +22,16 @@ from flask import (
 )
 from flask.blueprints import BlueprintSetupState
 
-from flask_quota import blocks, inspection
-from flask_quota.admin import AdminError, parse_duration
-from flask_quota.inspection import Caller
-from flask_quota.state import QuotaState, exempt, get_state
-from flask_quota.storage import StorageError
+from flask_quota import tools
+from flask_quota.tools import (
+    AdminError,
+    Caller,
+    QuotaState,
+    StorageError,
+    exempt,
+    get_state,
+    parse_duration,
+)
 
 from . import chart, data, session
 from .admin_views import ADMIN_ROUTES, admin, client_id_of, database_errors
@@ -272,7 +277,7 @@ def identity_reset(tag: str) -> Response:
     try:
         # Audited by inspection.reset (usage.reset, then usage.reset.failed if it fails);
         # it also tells every worker to drop its cached denials.
-        count = inspection.reset(state, checks, actor=admin().actor, caller=Caller.from_tag(tag))
+        count = tools.reset(state, checks, actor=admin().actor, caller=Caller.from_tag(tag))
     except StorageError as exc:
         flash(f"Reset failed: storage unavailable ({_failure(exc)}); nothing was reset.", "error")
     else:
@@ -283,7 +288,7 @@ def identity_reset(tag: str) -> Response:
 def blocks_page(error: str | None = None, status: int = 200) -> tuple[str, int]:
     state = get_state()
     try:
-        found, listing_error = blocks.list_blocks(state), None
+        found, listing_error = tools.list_blocks(state), None
     except StorageError as exc:
         found, listing_error = (
             [],
@@ -322,7 +327,7 @@ def _block(caller: Caller, seconds: int, reason: str, public: bool) -> None:
     state, a = get_state(), admin()
     who = _label(state, caller.tag)
     try:
-        blocks.block(state, caller, seconds, reason, a.actor, public=public)
+        tools.block(state, caller, seconds, reason, a.actor, public=public)
     except StorageError as exc:  # blocks.block has audited it as block.failed
         flash(
             f"Block failed: storage unavailable ({_failure(exc)}); {who} is not blocked.", "error"
@@ -360,7 +365,7 @@ def block_lift(tag: str) -> Response:
     state, a = get_state(), admin()
     caller = Caller.from_tag(tag)
     try:
-        lifted = blocks.unblock(state, caller, a.actor)  # audited, failure included
+        lifted = tools.unblock(state, caller, a.actor)  # audited, failure included
     except StorageError as exc:
         flash(f"Unblock failed: storage unavailable ({_failure(exc)}); still blocked.", "error")
     else:
