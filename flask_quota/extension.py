@@ -14,24 +14,26 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from blinker import NamedSignal
 from flask import Blueprint, Flask, Request, Response, current_app, g, request
 
-from . import blocks, inspection, plansync, signals, validators
-from .blocks import Block
-from .breaker import CircuitBreaker
+from . import plansync, signals
 from .cli import quota_cli
+from .core import validators
 from .core.enforcer import Decided, Enforcer, Facts, limit_hooks
-from .denycache import DenyCache
-from .errors import InvalidApiKey, QuotaExceeded
-from .failover import GuardedStorage
-from .headers import apply_headers, rate_limit_headers
-from .identity import Identity, plausible_api_key
-from .keys import KeyBuilder, remote_ip_tag
-from .policy import Decision, LimitSpec, Policy
-from .rates import Rate, Rates, parse_rates
+from .core.errors import InvalidApiKey, QuotaExceeded
+from .core.headers import apply_headers, rate_limit_headers
+from .core.identity import Identity, plausible_api_key
+from .core.keys import KeyBuilder, remote_ip_tag
+from .core.policy import Decision, LimitSpec, Policy
+from .core.rates import Rate, Rates, parse_rates
 from .settings import DEFAULTS, Settings, reference
 from .sql_store import KeysUnavailable, SqlStore
 from .state import LIMIT_ATTR, QuotaState, exempt, get_state, limit_of
 from .storage import Storage, storage_from_url
-from .usage import UsageRecorder, usage_sink
+from .storage.breaker import CircuitBreaker
+from .storage.denycache import DenyCache
+from .storage.failover import GuardedStorage
+from .tools import blocks, inspection
+from .tools.blocks import Block
+from .tools.usage import UsageRecorder, usage_sink
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
@@ -208,7 +210,7 @@ class Quota:
                 "quota.limit() needs a rate such as '10/minute' or a resource whose rate the "
                 "plans define, e.g. quota.limit(resource='ai_inference')"
             )
-        if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 0):
+        if not callable(cost) and not validators.is_count(cost):
             raise ValueError(f"cost must be a non-negative int or a callable, got {cost!r}")
         hooks = {"key": key, "charge_when": charge_when, "exempt_when": exempt_when}
         for name, hook in hooks.items():
@@ -241,7 +243,7 @@ class Quota:
         is made whether or not it fits: the bucket may go into debt, and the next
         request waits until it is paid off. Call it in a view with ``@quota.limit``.
         """
-        if isinstance(units, bool) or not isinstance(units, int) or units < 0:
+        if not validators.is_count(units):
             raise ValueError(f"quota.charge() takes an int >= 0, got {units!r}")
         endpoint = request.endpoint
         app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]

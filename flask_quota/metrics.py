@@ -58,7 +58,7 @@ from prometheus_client import (
 )
 
 from .core.enforcer import FAIL_CLOSED, FAIL_OPEN
-from .policy import Decision, TierCheck
+from .core.policy import Decision, TierCheck
 
 __all__ = [
     "OUTCOMES",

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from flask import Blueprint, Flask, current_app
 
 from .core.enforcer import Enforcer, RouteKey
-from .failover import GuardedStorage
-from .generations import Generations
-from .plans import Plan, PlanCatalog
-from .policy import LimitSpec, Policy
-from .route import Route
+from .core.generations import Generations
+from .core.plans import Plan, PlanCatalog
+from .core.policy import LimitSpec, Policy
+from .core.route import Route
 from .settings import Settings
 from .sql_store import SqlStore
 from .storage import Storage
-from .usage import UsageRecorder
+from .storage.failover import GuardedStorage
+from .tools.usage import UsageRecorder
 
 if TYPE_CHECKING:
     from .metrics import QuotaMetrics

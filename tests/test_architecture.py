@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,7 @@ def _type_checking_only(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def _imports(
-    name: str, path: Path, modules: dict[str, Path], *, typed: bool = False
-) -> set[str]:
+def _imports(name: str, path: Path, modules: dict[str, Path], *, typed: bool = False) -> set[str]:
     """Modules of ours that ``name`` imports at run time, late (in-function) imports
     included; with ``typed``, the imports for annotations only too."""
     is_package = path.name == "__init__.py"
@@ -102,18 +101,36 @@ def test_a_cycle_is_detected() -> None:
 def test_tools_do_not_import_the_extension() -> None:
     """The CLI and the inspection API reach the app's state through ``flask_quota.state``."""
     modules = _modules()
-    for name in ("flask_quota.cli", "flask_quota.inspection", "flask_quota.state"):
+    for name in ("flask_quota.cli", "flask_quota.tools.inspection", "flask_quota.state"):
         assert "flask_quota.extension" not in _imports(name, modules[name], modules)
 
 
 def test_the_dashboard_reaches_the_library_through_two_doors() -> None:
-    """The dashboard imports the public face and ``flask_quota.tools``, nothing deeper."""
+    """The dashboard imports the public face and ``flask_quota.admin_api``, nothing deeper."""
     modules = _modules()
     used: set[str] = set()
     for path in sorted((PACKAGE.parent / "dashboard").glob("*.py")):
         name = f"flask_quota.dashboard.{path.stem}"
         used |= {m for m in _imports(name, path, modules, typed=True) if "dashboard" not in m}
-    assert used == {"flask_quota", "flask_quota.tools"}, sorted(used)
+    assert used == {"flask_quota", "flask_quota.admin_api"}, sorted(used)
+
+
+def test_the_core_knows_no_flask_redis_or_sql() -> None:
+    """``flask_quota.core`` imports only itself and the standard library (and Werkzeug's
+    HTTP exceptions, which ``QuotaExceeded`` is), type-only imports included."""
+    allowed = {"werkzeug.exceptions"}
+    for path in sorted((PACKAGE / "core").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] if not node.level else []
+                assert not node.level or node.level == 1, f"{path.name} reaches outside core"
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                top = name.partition(".")[0]
+                assert name in allowed or top in sys.stdlib_module_names, f"{path.name}: {name}"
 
 
 @pytest.mark.parametrize(

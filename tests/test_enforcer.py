@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from flask_quota import Identity, Plan, PlanCatalog, QuotaExceeded, Tier
-from flask_quota.algorithms import Algorithm
-from flask_quota.breaker import CircuitBreaker
+from flask_quota.core.algorithms import Algorithm
 from flask_quota.core.enforcer import Decided, Enforcer, Facts, limit_hooks
-from flask_quota.failover import GuardedStorage
-from flask_quota.keys import KeyBuilder, remote_ip_tag
-from flask_quota.policy import Decision, LimitSpec, Policy
-from flask_quota.rates import parse_rates
+from flask_quota.core.keys import KeyBuilder, remote_ip_tag
+from flask_quota.core.policy import Decision, LimitSpec, Policy
+from flask_quota.core.rates import parse_rates
 from flask_quota.settings import FailMode
 from flask_quota.storage import MemoryStorage
+from flask_quota.storage.breaker import CircuitBreaker
+from flask_quota.storage.failover import GuardedStorage
 from flask_quota.testing import FrozenClock
 
 PLAN = Plan("free", global_rate="5/second", user_rate="3/minute", resources={"search": "2/minute"})

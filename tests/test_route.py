@@ -18,20 +18,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flask_quota import Quota
-from flask_quota.algorithms import Algorithm
+from flask_quota.core.algorithms import Algorithm
+from flask_quota.core.headers import rate_limit_headers
+from flask_quota.core.keys import KeyBuilder
+from flask_quota.core.plans import LimitMode, Plan, PlanCatalog
+from flask_quota.core.policy import Decision, LimitSpec, Policy, gate_check
+from flask_quota.core.rates import Rate, parse_rates
 from flask_quota.core.reply import Reply
-from flask_quota.headers import rate_limit_headers
-from flask_quota.keys import KeyBuilder
-from flask_quota.plans import LimitMode, Plan, PlanCatalog
-from flask_quota.policy import Decision, LimitSpec, Policy, gate_check
-from flask_quota.rates import Rate, parse_rates
-from flask_quota.route import build_route
+from flask_quota.core.route import build_route
+from flask_quota.core.tiers import Tier
 from flask_quota.settings import HeaderMode
 from flask_quota.state import get_state
 from flask_quota.storage import Check, MemoryStorage
 from flask_quota.storage.base import flat_reply, verdict_of
 from flask_quota.testing import FrozenClock
-from flask_quota.tiers import Tier
 
 PLAN = Plan(
     "p",

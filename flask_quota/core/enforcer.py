@@ -15,19 +15,28 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..algorithms import Outcome
-from ..errors import CallerBlocked, QuotaExceeded, QuotaUnavailable
-from ..failover import GuardedStorage
-from ..generations import Generations
-from ..identity import Identity
-from ..keys import KeyBuilder
-from ..plans import Plan, PlanCatalog
-from ..policy import Decision, LimitSpec, Policy, TierCheck
-from ..route import Route, build_route
-from ..tiers import Tier
+from .algorithms import Outcome
+from .checks import Check
+from .errors import CallerBlocked, QuotaExceeded, QuotaUnavailable
+from .generations import Generations
+from .identity import Identity
+from .keys import KeyBuilder
+from .plans import Plan, PlanCatalog
+from .policy import Decision, LimitSpec, Policy, TierCheck
 from .reply import LocalReply, Reply
+from .route import Route, build_route
+from .tiers import Tier
+from .validators import is_count
 
-__all__ = ["Decided", "DecisionObserver", "Enforcer", "Events", "Facts", "limit_hooks"]
+__all__ = [
+    "Decided",
+    "DecisionObserver",
+    "Enforcer",
+    "Events",
+    "Facts",
+    "Guard",
+    "limit_hooks",
+]
 
 ROUTES = 4096  # routes per generation of the route cache
 RouteKey = tuple[int, str | None, str, int, bool]
@@ -63,6 +72,17 @@ class Decided:
 
     def decision(self) -> Decision:
         return self.route.decision(self.reply)[1]
+
+
+class Guard(Protocol):
+    """The storage as the enforcer calls it: behind the fail mode and the breaker
+    (``storage.failover.GuardedStorage``)."""
+
+    def decide_flat(self, checks: Sequence[Check], keys: Sequence[str]) -> Reply | None: ...
+
+    def refund(self, checks: Sequence[Check], charged_at_us: int) -> None: ...
+
+    def charge(self, checks: Sequence[Check]) -> None: ...
 
 
 class DecisionObserver(Protocol):
@@ -104,7 +124,7 @@ def limit_hooks(
     if not callable(weight):
         return spec, weight, owner  # an int, checked by @quota.limit
     cost = weight()
-    if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
+    if not is_count(cost):
         raise TypeError(f"cost callable of {endpoint!r} returned {cost!r}, not an int >= 0")
     return spec, cost, owner
 
@@ -120,7 +140,7 @@ class Enforcer:
     def __init__(
         self,
         *,
-        guard: GuardedStorage,
+        guard: Guard,
         policy: Policy,
         catalog: Callable[[], PlanCatalog],
         anonymous_plan: str,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ..algorithms import Outcome
+from .algorithms import Outcome
 
 __all__ = ["LocalReply", "Reply"]
 

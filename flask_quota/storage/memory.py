@@ -8,10 +8,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..adjust import CHARGES, REFUNDS, Change
-from ..algorithms import ALGORITHMS, Algorithm, Step, block_gate, bound_debt, charged_units
-from ..rates import Rate
-from ..usage import MemoryUsageSink, UsageSink
+from ..core.adjust import CHARGES, REFUNDS, Change
+from ..core.algorithms import ALGORITHMS, Algorithm, Step, block_gate, bound_debt, charged_units
+from ..core.rates import Rate
+from ..tools.usage import MemoryUsageSink, UsageSink
 from .base import BlockEntry, Check, Clock, Reply, Verdict, verdict_of, wall_clock_us
 
 __all__ = ["MemoryStorage"]

@@ -12,7 +12,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..usage import RedisUsageSink, UsageSink
+from ..tools.usage import RedisUsageSink, UsageSink
 from .base import BlockEntry, Check, Clock, Reply, Verdict, verdict_of, wraps_errors
 
 __all__ = [

@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .algorithms import Algorithm, Outcome
-from .clock import US
-from .rates import Rate
-from .storage import Check, Storage, Verdict
-from .storage.base import (
+from ..core.algorithms import Algorithm, Outcome
+from ..core.clock import US
+from ..core.rates import Rate
+from . import Check, Storage, Verdict
+from .base import (
     BlockEntry,
     Reply,
     flat_decide,

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .algorithms import Outcome
+from .checks import Check, keyed, shown_limit
 from .clock import US
-from .core.reply import Reply
 from .headers import (
     LIMIT,
     POLICY,
@@ -24,15 +24,14 @@ from .headers import (
     REMAINING,
     RESET,
     RESOURCE,
+    HeaderMode,
     policy_header,
     printable,
     sf_string,
 )
 from .plans import Plan
 from .policy import Decision, LimitSpec, Policy, TierCheck, TierResult, gate_check
-from .settings import HeaderMode
-from .storage import Check
-from .storage.base import keyed, shown_limit
+from .reply import Reply
 from .tiers import Tier
 
 __all__ = ["Route", "build_route"]

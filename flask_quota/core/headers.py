@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from enum import StrEnum
 from functools import lru_cache
-
-from werkzeug.datastructures import Headers
+from typing import Protocol
 
 from .clock import ceil_seconds, seconds_until
 from .policy import Decision
-from .settings import HeaderMode
 
 __all__ = [
     "LIMIT",
@@ -18,12 +18,33 @@ __all__ = [
     "REMAINING",
     "RESET",
     "RESOURCE",
+    "HeaderMode",
     "apply_headers",
     "policy_header",
     "printable",
     "rate_limit_headers",
     "sf_string",
 ]
+
+
+class HeaderMode(StrEnum):
+    """Which rate-limit headers to send (``QUOTA_HEADERS``)."""
+
+    LEGACY = "legacy"
+    IETF = "ietf"
+    BOTH = "both"
+    NONE = "none"
+
+
+class Headers(Protocol):
+    """What ``apply_headers`` needs of a response's headers (Werkzeug's ``Headers``)."""
+
+    def keys(self) -> Iterable[str]: ...
+
+    def add(self, key: str, value: str, /) -> None: ...
+
+    def __setitem__(self, key: str, value: str, /) -> None: ...
+
 
 # Every header this library writes, in the order it writes them: legacy, then IETF.
 LIMIT = "X-RateLimit-Limit"

@@ -7,12 +7,12 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from ..core.errors import QuotaUnavailable
+from ..core.reply import LocalReply, Reply
+from ..settings import FailMode
+from . import Check, MemoryStorage, Storage, StorageError, Verdict
+from .base import flat_decide, keyed
 from .breaker import Attempt, CircuitBreaker
-from .core.reply import LocalReply, Reply
-from .errors import QuotaUnavailable
-from .settings import FailMode
-from .storage import Check, MemoryStorage, Storage, StorageError, Verdict
-from .storage.base import flat_decide, keyed
 
 __all__ = ["GuardedStorage"]
 

@@ -8,14 +8,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .algorithms import Algorithm, Gate, Outcome, bucket_ceiling, unfit
+from .checks import Check, Verdict
 from .clock import seconds_until
-from .core.reply import Reply
-from .keys import KeyBuilder
+from .keys import KeyBuilder, Tag
 from .plans import ENFORCED, LimitMode, Plan
 from .rates import Rate, Rates
-from .storage import Check, Verdict
+from .reply import Reply
 from .tiers import Tier
-from .usage import SHADOW_DENIED, Mark
 
 __all__ = [
     "ANY_METHOD",
@@ -30,6 +29,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("flask_quota")
+
+# A tier's outcome as the dashboard's usage counts it: True allowed, False denied, or
+# SHADOW_DENIED for a shadow tier that would have denied.
+SHADOW_DENIED = "shadow_denied"
+Mark = bool | str
 
 # A gate has no rate, but a Check carries one; this constant one also keys the deny cache.
 _GATE_RATE = Rate(1, 1)
@@ -297,7 +301,7 @@ class Policy:
         only when the tag is an IP's. ``endpoints`` are (method, resource, spec);
         a limit with ``key=`` is not the caller's bucket and is left out.
         """
-        checks = self._caller_checks(plan, tag if tag.startswith("ip=") else None, tag, 0)
+        checks = self._caller_checks(plan, tag if Tag(tag).is_ip else None, tag, 0)
         for method, resource, spec in endpoints:
             if spec.key is None:
                 name = f"{resource} ({method})"
