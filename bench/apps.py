@@ -72,7 +72,7 @@ def quota_app(
     deny_cache: bool | None = None,
 ) -> Flask:
     from flask_quota import Identity, Quota
-    from flask_quota.algorithms import MAX_LOG_LIMIT
+    from flask_quota.core.algorithms import MAX_LOG_LIMIT
 
     if algorithm == "sliding_window_log" and rate == ALLOW:
         # A log holds one entry per unit, so its limits are capped (MAX_LOG_LIMIT per

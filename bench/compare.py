@@ -81,8 +81,8 @@ class ClientDriver:
 
 def floor_keys(prefix: str, ip: str, user: str) -> list[str]:
     """The three keys flask-quota would use for this caller (global, user, endpoint)."""
-    from flask_quota.algorithms import Algorithm
-    from flask_quota.keys import KeyBuilder, remote_ip_tag
+    from flask_quota.core.algorithms import Algorithm
+    from flask_quota.core.keys import KeyBuilder, remote_ip_tag
 
     keys = KeyBuilder(prefix)
     tb = Algorithm.TOKEN_BUCKET

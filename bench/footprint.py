@@ -139,9 +139,9 @@ def _rss() -> int:
 
 def _inproc(algorithm: str, keys: int, trace: bool) -> dict[str, Any]:
     """Fill a MemoryStorage with ``keys`` keys, then expire them all; bytes used."""
-    from flask_quota.algorithms import Algorithm
-    from flask_quota.keys import KeyBuilder
-    from flask_quota.rates import parse_rate
+    from flask_quota.core.algorithms import Algorithm
+    from flask_quota.core.keys import KeyBuilder
+    from flask_quota.core.rates import parse_rate
     from flask_quota.storage import Check, MemoryStorage
 
     now = [1_700_000_000_000_000]

@@ -37,8 +37,8 @@ SHORT = {
 
 def quota_checks(app: Flask, callers: Sequence[tuple[str, str]]) -> list[list[Any]]:
     """The storage checks flask-quota makes for each caller of ``GET /res`` on ``app``."""
-    from flask_quota.identity import client_ip
-    from flask_quota.keys import KeyBuilder
+    from flask_quota.core.identity import client_ip
+    from flask_quota.core.keys import KeyBuilder
     from flask_quota.state import get_state
 
     state = get_state(app)

@@ -32,11 +32,11 @@ from typing import Any
 
 import redis
 
-from flask_quota.algorithms import Algorithm
-from flask_quota.keys import KeyBuilder
-from flask_quota.plans import Plan
-from flask_quota.policy import LimitSpec, Policy
-from flask_quota.route import build_route
+from flask_quota.core.algorithms import Algorithm
+from flask_quota.core.keys import KeyBuilder
+from flask_quota.core.plans import Plan
+from flask_quota.core.policy import LimitSpec, Policy
+from flask_quota.core.route import build_route
 from flask_quota.storage.redis import SCRIPT, decide_args
 
 from .compare import FLOOR_SCRIPT

@@ -26,19 +26,20 @@ from flask import (
 )
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
-from flask_quota import Tier
-from flask_quota.admin import (
+from flask_quota import Algorithm, Tier
+from flask_quota.admin_api import (
     PLANS_READ_ONLY,
     AdminError,
     ChangeConflict,
     PlanInfo,
     PlansReadOnly,
     QuotaAdmin,
+    TablesMissing,
+    Tag,
+    get_state,
     parse_duration,
+    sql_reason,
 )
-from flask_quota.algorithms import Algorithm
-from flask_quota.sql_store import TablesMissing
-from flask_quota.state import get_state
 
 from .session import flash
 
@@ -59,7 +60,7 @@ def database_errors(view: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return view(*args, **kwargs)
         except (SQLAlchemyError, TablesMissing) as exc:
-            reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [""])[0]
+            reason = sql_reason(exc)
             log.warning(
                 "flask-quota dashboard: %s %s failed: %s", request.method, request.path, reason
             )
@@ -100,10 +101,10 @@ def _field(name: str) -> str:
 
 def client_id_of(tag: str) -> str | None:
     """The SQL client behind an identity tag (``id=<client id>``), if it is one."""
-    if not tag.startswith("id=") or not tag[3:].isdigit():
+    client_id = Tag(tag).client_id
+    if client_id is None:
         return None
-    state = get_state()
-    return tag[3:] if state.catalog().client_plan(tag[3:]) else None
+    return client_id if get_state().catalog().client_plan(client_id) else None
 
 
 def plans_page(error: str | None = None, status: int = 200) -> tuple[str, int]:

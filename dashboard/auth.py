@@ -31,9 +31,7 @@ from itsdangerous import BadSignature, URLSafeTimedSerializer
 from werkzeug.security import check_password_hash
 
 from flask_quota import Algorithm, Rate, parse_rate
-from flask_quota.identity import client_ip
-from flask_quota.keys import KeyBuilder
-from flask_quota.storage import Check, MemoryStorage, Storage, StorageError
+from flask_quota.admin_api import Check, KeyBuilder, MemoryStorage, Storage, StorageError, client_ip
 
 __all__ = ["DEVICE_COOKIE", "LOGIN_RATE", "Authenticator", "auth_from_config"]
 

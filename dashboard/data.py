@@ -7,31 +7,36 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, TypeVar
-from urllib.parse import unquote
 
 from flask import Flask
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
 from flask_quota import Plan
-from flask_quota.clock import US, seconds_until, wall_clock_us
-from flask_quota.identity import client_ip
-from flask_quota.inspection import (
+from flask_quota.admin_api import (
+    HOUR,
+    SHADOW_DENIED,
+    US,
     BucketState,
     Caller,
+    Client,
+    KeyBuilder,
+    Mark,
+    MinuteUsage,
+    QuotaState,
+    StorageError,
+    TablesMissing,
+    Tag,
     TierCheck,
     caller_checks,
+    client_ip,
+    gate_check,
     is_tag,
     peek,
     plan_of,
+    seconds_until,
+    wall_clock_us,
 )
-from flask_quota.keys import KeyBuilder
-from flask_quota.models import Client
-from flask_quota.policy import gate_check
-from flask_quota.sql_store import TablesMissing
-from flask_quota.state import QuotaState
-from flask_quota.storage import StorageError
-from flask_quota.usage import HOUR, SHADOW_DENIED, Mark, MinuteUsage
 
 __all__ = [
     "KIND_LABELS",
@@ -140,13 +145,14 @@ def canonical_tag(tag: str) -> str | None:
     """
     if not valid_tag(tag):
         return None
-    raw = tag[3:]
-    if tag.startswith("ip="):
-        ip = client_ip(unquote(raw))
+    parsed = Tag(tag)
+    if parsed.is_ip:
+        ip = client_ip(parsed.value)
         return None if ip == "unknown" else KeyBuilder.ip_tag(ip)
-    if raw.startswith("%h"):  # a digest of a long id: only the extension writes those
+    raw = parsed.raw
+    if parsed.hashed:  # a digest of a long id: only the extension writes those
         return tag if len(raw) == 66 and all(c in "0123456789abcdef" for c in raw[2:]) else None
-    return KeyBuilder.identity_tag(unquote(raw))
+    return KeyBuilder.identity_tag(parsed.value)
 
 
 _UNITS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
@@ -202,14 +208,14 @@ class NameCache:
 def display_name(tag: str) -> str:
     """The address or identity id of a tag, verbatim (its kind is shown apart, see
     ``identity_kind``: an identity named "IP 6.6.6.6" is not that IP)."""
-    return unquote(tag.partition("=")[2])
+    return Tag(tag).value
 
 
 def identity_kind(state: QuotaState, tag: str) -> str:
     """``ip`` (anonymous, by address), ``client`` (an API client in SQL) or ``user``."""
     identity = Caller.from_tag(tag).identity
     if identity is None:
-        return "ip" if tag.startswith("ip=") else "user"
+        return "ip" if Tag(tag).is_ip else "user"
     return "client" if state.catalog().client_plan(identity) is not None else "user"
 
 
@@ -358,7 +364,7 @@ def _top(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The top identities with the bucket closest to its limit, and every bucket of theirs
     more than ``NEAR_LIMIT`` used (most used first): both from one peek."""
-    known = _plans_of(state, reads, [t for t in tags if t.startswith("id=")])
+    known = _plans_of(state, reads, [t for t in tags if Tag(t).is_identity])
     rows: list[dict[str, Any]] = []
     all_checks: list[TierCheck] = []
     spans: list[tuple[str, Plan, int, int]] = []

@@ -22,11 +22,17 @@ from flask import (
 )
 from flask.blueprints import BlueprintSetupState
 
-from flask_quota import blocks, inspection
-from flask_quota.admin import AdminError, parse_duration
-from flask_quota.inspection import Caller
-from flask_quota.state import QuotaState, exempt, get_state
-from flask_quota.storage import StorageError
+from flask_quota import admin_api
+from flask_quota.admin_api import (
+    AdminError,
+    Caller,
+    QuotaState,
+    StorageError,
+    Tag,
+    exempt,
+    get_state,
+    parse_duration,
+)
 
 from . import chart, data, session
 from .admin_views import ADMIN_ROUTES, admin, client_id_of, database_errors
@@ -176,7 +182,7 @@ def chart_svg() -> Response:
 
 def _names(state: QuotaState, tags: list[str]) -> dict[str, str]:
     """The client name of each tag that is a client's (``id=<client id>``)."""
-    ids = {t[3:] for t in tags if t.startswith("id=") and t[3:].isdigit()}
+    ids = {i for t in tags if (i := Tag(t).client_id) is not None}
     ids = {i for i in ids if state.catalog().client_plan(i) is not None}
     cache: data.NameCache = current_app.extensions["quota_dashboard_names"]
     found = cache.names(state, ids) if ids else {}
@@ -272,7 +278,7 @@ def identity_reset(tag: str) -> Response:
     try:
         # Audited by inspection.reset (usage.reset, then usage.reset.failed if it fails);
         # it also tells every worker to drop its cached denials.
-        count = inspection.reset(state, checks, actor=admin().actor, caller=Caller.from_tag(tag))
+        count = admin_api.reset(state, checks, actor=admin().actor, caller=Caller.from_tag(tag))
     except StorageError as exc:
         flash(f"Reset failed: storage unavailable ({_failure(exc)}); nothing was reset.", "error")
     else:
@@ -283,7 +289,7 @@ def identity_reset(tag: str) -> Response:
 def blocks_page(error: str | None = None, status: int = 200) -> tuple[str, int]:
     state = get_state()
     try:
-        found, listing_error = blocks.list_blocks(state), None
+        found, listing_error = admin_api.list_blocks(state), None
     except StorageError as exc:
         found, listing_error = (
             [],
@@ -322,7 +328,7 @@ def _block(caller: Caller, seconds: int, reason: str, public: bool) -> None:
     state, a = get_state(), admin()
     who = _label(state, caller.tag)
     try:
-        blocks.block(state, caller, seconds, reason, a.actor, public=public)
+        admin_api.block(state, caller, seconds, reason, a.actor, public=public)
     except StorageError as exc:  # blocks.block has audited it as block.failed
         flash(
             f"Block failed: storage unavailable ({_failure(exc)}); {who} is not blocked.", "error"
@@ -360,7 +366,7 @@ def block_lift(tag: str) -> Response:
     state, a = get_state(), admin()
     caller = Caller.from_tag(tag)
     try:
-        lifted = blocks.unblock(state, caller, a.actor)  # audited, failure included
+        lifted = admin_api.unblock(state, caller, a.actor)  # audited, failure included
     except StorageError as exc:
         flash(f"Unblock failed: storage unavailable ({_failure(exc)}); still blocked.", "error")
     else:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from .algorithms import Algorithm
-from .errors import InvalidApiKey, QuotaExceeded, QuotaUnavailable
+from .core.algorithms import Algorithm
+from .core.errors import CallerBlocked, InvalidApiKey, QuotaExceeded, QuotaUnavailable
+from .core.identity import Identity
+from .core.plans import Plan, PlanCatalog
+from .core.rates import Rate, parse_rate
+from .core.tiers import Tier
 from .extension import Quota
-from .identity import Identity
-from .plans import Plan, PlanCatalog
-from .rates import Rate, parse_rate
-from .tiers import Tier
 
 __all__ = [
     "Algorithm",
+    "CallerBlocked",
     "Identity",
     "InvalidApiKey",
     "Plan",

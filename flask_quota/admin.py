@@ -25,14 +25,15 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
-from . import apikeys, validators
-from .algorithms import Algorithm
+from . import apikeys
+from .core import validators
+from .core.algorithms import Algorithm
+from .core.plans import Plan, check_fit
+from .core.rates import parse_rates
+from .core.tiers import Tier
 from .models import AuditEntry, Client, Override, PlanLimit, PlanRecord, utcnow
-from .plans import Plan, check_fit
-from .rates import parse_rates
 from .settings import PlansSource
 from .sql_store import ADMIN_STATEMENT_TIMEOUT_MS, SqlStore, limit_rows, plan_record
-from .tiers import Tier
 
 __all__ = [
     "AdminError",
@@ -672,9 +673,9 @@ def _algorithm(value: str | None) -> str | None:
     if value is None or value.strip().lower() in (DEFAULT_ALGORITHM, ""):
         return None
     try:
-        return Algorithm(value.strip().lower()).value
+        return validators.algorithm(value.strip().lower()).value
     except ValueError:
-        choices = ", ".join([a.value for a in Algorithm] + [DEFAULT_ALGORITHM])
+        choices = f"{validators.ALGORITHM_NAMES}, {DEFAULT_ALGORITHM}"
         raise AdminError(f"unknown algorithm {value!r}: use one of {choices}") from None
 
 

@@ -19,15 +19,16 @@ from flask import current_app
 from flask.cli import AppGroup
 from sqlalchemy.exc import SQLAlchemyError
 
-from . import blocks, inspection, plansync
+from . import plansync
 from .admin import DEFAULT_ALGORITHM, AdminError, QuotaAdmin, parse_duration
-from .algorithms import Algorithm
+from .core.algorithms import Algorithm
+from .core.policy import TierCheck
+from .core.tiers import Tier
 from .dbcli import db_cli
-from .policy import TierCheck
-from .sql_store import SqlStore, TablesMissing
+from .sql_store import SqlStore, TablesMissing, sql_reason
 from .state import QuotaState, get_state
 from .storage import StorageError
-from .tiers import Tier
+from .tools import blocks, inspection
 
 __all__ = ["quota_cli"]
 
@@ -70,8 +71,7 @@ def _one_line_errors(command: F) -> F:
         except StorageError as exc:
             raise click.ClickException(f"the rate-limit storage did not answer: {exc}") from None
         except SQLAlchemyError as exc:
-            reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-            raise click.ClickException(f"database error: {reason}") from None
+            raise click.ClickException(f"database error: {sql_reason(exc)}") from None
 
     return cast(F, wrapper)
 

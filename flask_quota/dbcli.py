@@ -30,7 +30,7 @@ from sqlalchemy import Connection, Engine, MetaData, inspect
 from sqlalchemy.exc import SQLAlchemyError
 
 from .models import SCHEMA_REVISION, QuotaMeta, copy_tables
-from .sql_store import VERSION_TABLE
+from .sql_store import VERSION_TABLE, sql_reason
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -101,8 +101,7 @@ def _one_line_errors(command: F) -> F:
         except CommandError as exc:
             raise click.ClickException(str(exc)) from None
         except SQLAlchemyError as exc:
-            reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-            raise click.ClickException(f"database error: {reason}") from None
+            raise click.ClickException(f"database error: {sql_reason(exc)}") from None
 
     return cast(F, wrapper)
 

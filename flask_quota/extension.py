@@ -11,27 +11,29 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from blinker import NamedSignal
 from flask import Blueprint, Flask, Request, Response, current_app, g, request
 
-from . import blocks, inspection, plansync, signals, validators
-from .blocks import Block
-from .breaker import CircuitBreaker
-from .denycache import DenyCache
-from .errors import InvalidApiKey, QuotaExceeded
-from .failover import GuardedStorage
-from .headers import apply_headers, rate_limit_headers, reply_headers
-from .identity import Identity, plausible_api_key
-from .keys import KeyBuilder, remote_ip_tag
-from .policy import Decision, LimitSpec, Policy
-from .rates import Rate, Rates, parse_rates
-from .route import Route
+from . import plansync, signals
+from .cli import quota_cli
+from .core import validators
+from .core.enforcer import Decided, Enforcer, Facts, limit_hooks
+from .core.errors import InvalidApiKey, QuotaExceeded
+from .core.headers import apply_headers, rate_limit_headers
+from .core.identity import Identity, plausible_api_key
+from .core.keys import KeyBuilder, remote_ip_tag
+from .core.policy import Decision, LimitSpec, Policy
+from .core.rates import Rate, Rates, parse_rates
 from .settings import DEFAULTS, Settings, reference
 from .sql_store import KeysUnavailable, SqlStore
 from .state import LIMIT_ATTR, QuotaState, exempt, get_state, limit_of
 from .storage import Storage, storage_from_url
-from .storage.base import Reply, flat_reply
-from .tiers import Tier
-from .usage import UsageRecorder, usage_sink
+from .storage.breaker import CircuitBreaker
+from .storage.denycache import DenyCache
+from .storage.failover import GuardedStorage
+from .tools import blocks, inspection
+from .tools.blocks import Block
+from .tools.usage import UsageRecorder, usage_sink
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
@@ -43,11 +45,6 @@ __all__ = ["Quota"]
 log = logging.getLogger("flask_quota")
 
 V = TypeVar("V", bound=Callable[..., Any] | Blueprint)
-
-# What a decided request leaves in ``g._quota`` for the after-request hook: its route,
-# the storage's reply, its keys, the caller's tag, its limit and the app's state. The
-# ``Decision`` is made from them only when something needs it.
-_Decided = tuple[Route, Reply, list[str], str, "LimitSpec | None", QuotaState]
 
 
 def _gunicorn_workers() -> int | None:
@@ -132,15 +129,31 @@ class Quota:
             sql.on_change(storage.forget)
             if metrics is not None:
                 storage.on_hit = metrics.deny_cache_hit
-        app.extensions["quota"] = QuotaState(
+        guard = GuardedStorage(storage, settings.fail_mode, breaker)
+        policy = Policy(KeyBuilder(settings.key_prefix), settings.algorithm, shadow=settings.shadow)
+        escalate = None
+        if settings.block_after is not None:
+            escalate = functools.partial(blocks.escalate, storage, guard, settings, policy.keys)
+        enforcer = Enforcer(
+            guard=guard,
+            policy=policy,
+            catalog=sql.catalog,
+            anonymous_plan=settings.anonymous_plan,
+            default_plan=settings.default_plan,
+            # The state is made just below; a block is read through it (its cache).
+            refusal=lambda decision, gate, key: blocks.refusal(state, decision, gate, key),
+            escalate=escalate,
+            events=_Signals(app),
+            observer=metrics,
+        )
+        state = app.extensions["quota"] = QuotaState(
             quota=self,
             settings=settings,
             storage=storage,
-            guard=GuardedStorage(storage, settings.fail_mode, breaker),
-            policy=Policy(
-                KeyBuilder(settings.key_prefix), settings.algorithm, shadow=settings.shadow
-            ),
+            guard=guard,
+            policy=policy,
             sql=sql,
+            enforcer=enforcer,
             usage=usage,
             metrics=metrics,
         )
@@ -155,8 +168,6 @@ class Quota:
             app.add_url_rule(settings.metrics_url, "flask_quota_metrics", _metrics_view(metrics))
         if self._api_key_loader is None:
             self._api_key_loader = _sql_api_key  # a loader registered later replaces it
-        from .cli import quota_cli  # cli.py imports this module
-
         app.cli.add_command(quota_cli)
         workers = _gunicorn_workers()
         if storage.name == "memory" and workers != 1 and "gunicorn" in sys.modules:
@@ -199,7 +210,7 @@ class Quota:
                 "quota.limit() needs a rate such as '10/minute' or a resource whose rate the "
                 "plans define, e.g. quota.limit(resource='ai_inference')"
             )
-        if not callable(cost) and (isinstance(cost, bool) or not isinstance(cost, int) or cost < 0):
+        if not callable(cost) and not validators.is_count(cost):
             raise ValueError(f"cost must be a non-negative int or a callable, got {cost!r}")
         hooks = {"key": key, "charge_when": charge_when, "exempt_when": exempt_when}
         for name, hook in hooks.items():
@@ -232,7 +243,7 @@ class Quota:
         is made whether or not it fits: the bucket may go into debt, and the next
         request waits until it is paid off. Call it in a view with ``@quota.limit``.
         """
-        if isinstance(units, bool) or not isinstance(units, int) or units < 0:
+        if not validators.is_count(units):
             raise ValueError(f"quota.charge() takes an int >= 0, got {units!r}")
         endpoint = request.endpoint
         app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
@@ -321,8 +332,8 @@ class Quota:
 
     def current_decision(self) -> Decision | None:
         """The decision made for the current request, if any tier applied."""
-        found: _Decided | None = g.get("_quota")
-        return None if found is None else found[0].decision(found[1])[1]
+        found: Decided | None = g.get("_quota")
+        return None if found is None else found.decision()
 
     # -- request hooks ------------------------------------------------------
 
@@ -345,81 +356,21 @@ class Quota:
                 return
             if spec is not None and spec.exempt_when is not None and spec.exempt_when():
                 spec = None
-
         identity = self._identify(settings, req)
         if "HTTP_X_FORWARDED_FOR" in req.environ and not state.proxy_warned:
             _warn_no_proxy_fix(state, req)
+        spec, cost, owner = limit_hooks(spec, endpoint)
         ip_tag = remote_ip_tag(req.remote_addr)
-        catalog = state.sql.catalog()  # state.catalog(), one call less on every request
-        if identity is None:
-            tag = ip_tag
-            plan = catalog.resolve(settings.anonymous_plan, None, fallback=settings.default_plan)
-        else:
-            tag = KeyBuilder.identity_tag(identity.id)
-            plan_name = identity.plan or settings.default_plan
-            plan = catalog.resolve(plan_name, identity.id, fallback=settings.default_plan)
-
-        endpoint_tag = None
-        if spec is not None and spec.key is not None:
-            owner = spec.key()
-            if owner is None:
-                spec = None  # "no org on this request": this limit does not apply to it
-            elif not isinstance(owner, str) or not owner:
-                raise TypeError(
-                    f"key callable of {endpoint!r} returned {owner!r}, not a str (or None)"
-                )
-            else:
-                endpoint_tag = KeyBuilder.key_tag(owner)
-        resource = (spec.resource or endpoint) if spec is not None else None
-        cost = 1
-        if spec is not None:
-            weight = spec.cost
-            cost = weight() if callable(weight) else weight  # an int was checked by @quota.limit
-            if callable(weight) and (
-                isinstance(cost, bool) or not isinstance(cost, int) or cost < 0
-            ):
-                raise TypeError(f"cost callable of {endpoint!r} returned {cost!r}, not an int >= 0")
-        route = state.route(catalog, plan, endpoint, req.method, spec, resource, cost)
-        if not route.tiers:
-            return
-        # The caller's block gate is read in the same storage call as its tiers.
-        keys = route.keys(ip_tag, tag, endpoint_tag or tag)
-        metrics, verdict = state.metrics, None
-        if metrics is None:
-            reply = state.guard.decide_flat(route.calls, keys)
-            if reply is None:  # storage down, failing open
-                return
-            if reply[1] and not route.shadow:  # admitted, nothing to signal: the usual case
-                g._get_current_object()._quota = (route, reply, keys, tag, spec, state)
-                return
-        else:
-            calls = route.checks(keys)
-            verdict = metrics.decide(state.guard, calls, route.tier_checks(keys), plan.name)
-            if verdict is None:
-                return
-            reply = flat_reply(verdict)
-        blocked, decision = route.decision(reply)
-        if metrics is not None and verdict is not None:
-            metrics.decided(decision, verdict, blocked=blocked is not None)
-        if blocked is not None:
-            raise _denial(blocks.refusal(state, decision, blocked, keys[0]))
-        g._get_current_object()._quota = (route, reply, keys, tag, spec, state)
-        if decision.shadow_denied and signals.quota_shadow_exceeded.receivers:
-            signals.notify(signals.quota_shadow_exceeded, app, decision=decision)
-        denied = decision.denied
-        if denied is not None:
-            if signals.quota_exceeded.receivers:
-                signals.notify(signals.quota_exceeded, app, decision=decision)
-            if settings.block_after is not None:
-                storage, keybuilder = state.storage, state.policy.keys
-                blocked = blocks.escalate(storage, state.guard, settings, keybuilder, tag)
-                if blocked is not None:
-                    # Blocked now: by this denial, or meanwhile by anyone (an operator
-                    # too), so what the block says is read, as at the gate.
-                    raise _denial(blocks.refusal(state, decision, blocked, keys[0]))
-            resource_name = denied.resource if denied.resource == resource else None
-            upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
-            raise _denial(QuotaExceeded(decision, upgrade=upgrade, cost=cost))
+        facts = Facts(req.method, endpoint, ip_tag, identity, spec, cost, owner)
+        try:
+            decided = state.enforcer.decide(facts, _keep)
+        except QuotaExceeded as exc:
+            # Noted so the after-request hook can give its Retry-After to a response
+            # the app's own error handler made.
+            g._get_current_object()._quota_denial = exc
+            raise
+        if decided is not None:
+            g._get_current_object()._quota = decided
 
     def _identify(self, settings: Settings, req: Request) -> Identity | None:
         if self._identity_loader is not None:
@@ -452,65 +403,46 @@ class Quota:
             # The app's own @app.errorhandler(QuotaExceeded) answered: the wait still holds
             # (a block's rest, not the tier's, when this request was blocked).
             response.headers["Retry-After"] = str(denial.retry_after)
-        found: _Decided | None = scope.__dict__.pop("_quota", None)
-        if found is None:
+        decided: Decided | None = scope.__dict__.pop("_quota", None)
+        if decided is None:
             return response
-        route, reply, keys, who, spec, state = found
-        mode, headers = state.settings.headers, response.headers
+        state: QuotaState = current_app.extensions["quota"]
+        mode, headers, spec = state.settings.headers, response.headers, decided.spec
         decision = None
-        if (
-            spec is not None
-            and reply[1]
-            and (spec.charge_when is not None or "_quota_extra" in scope.__dict__)
-        ):
-            decision = self._settle(state, scope, route, reply, keys, spec, response)
+        extra: int = scope.__dict__.pop("_quota_extra", 0)
+        if spec is not None and decided.reply.all_allowed and (spec.charge_when or extra):
+            counted = spec.charge_when is None or bool(spec.charge_when(response))
+            decision = state.enforcer.settle(decided, counted=counted, extra=extra)
             apply_headers(headers, rate_limit_headers(decision, mode))
         else:
-            apply_headers(headers, reply_headers(route, reply, mode))
+            apply_headers(headers, decided.route.headers(decided.reply, mode))
         if state.usage is not None:
-            decision = decision or route.decision(reply)[1]
-            state.usage.record(who, decision.plan, decision.usage_outcomes())
+            decision = decision or decided.decision()
+            state.usage.record(decided.tag, decision.plan, decision.usage_outcomes())
         return response
 
-    def _settle(
-        self,
-        state: QuotaState,
-        scope: Any,
-        route: Route,
-        reply: Reply,
-        keys: list[str],
-        spec: LimitSpec,
-        response: Response,
-    ) -> Decision:
-        """After an admitted response: refund it if ``charge_when`` says no, else charge
-        what the view added with ``quota.charge``. One storage call at most."""
-        decision = route.decision(reply)[1]
-        checks = route.tier_checks(keys)
-        extra: int = scope.__dict__.pop("_quota_extra", 0)
-        if spec.charge_when is not None and not spec.charge_when(response):
-            # Not counted: its cost comes back, and anything it charged on top is void.
-            # A shadow check that would have denied was not charged: nothing to give back.
-            refund = [
-                c.check
-                for c, r in zip(checks, decision.results, strict=True)
-                if c.tier is Tier.ENDPOINT and r.outcome.allowed
-            ]
-            if refund and refund[0].cost > 0:
-                state.guard.refund(refund, decision.now_us)
-                return decision.adjusted(refund[0].cost, refund[0].algorithm)
-            return decision
-        if extra:
-            charges = state.policy.endpoint_checks(checks, extra)
-            state.guard.charge(charges)
-            return decision.adjusted(-extra, charges[0].algorithm) if charges else decision
-        return decision
+
+def _keep(decided: Decided) -> None:
+    """Leave a denied request's decision on ``g``: its 429 gets the rate-limit headers."""
+    g._get_current_object()._quota = decided
 
 
-def _denial(exc: QuotaExceeded) -> QuotaExceeded:
-    """``exc``, noted on ``g`` so the after-request hook can give its ``Retry-After`` to a
-    response the app's own error handler made."""
-    g._get_current_object()._quota_denial = exc
-    return exc
+class _Signals:
+    """The enforcer's ``Events``: ``quota_exceeded`` / ``quota_shadow_exceeded`` for ``app``."""
+
+    def __init__(self, app: Flask) -> None:
+        self.app = weakref.ref(app)  # the enforcer lives in app.extensions: no cycle
+
+    def exceeded(self, decision: Decision) -> None:
+        self._send(signals.quota_exceeded, decision)
+
+    def shadow_exceeded(self, decision: Decision) -> None:
+        self._send(signals.quota_shadow_exceeded, decision)
+
+    def _send(self, signal: NamedSignal, decision: Decision) -> None:
+        app = self.app()
+        if app is not None and signal.receivers:
+            signals.notify(signal, app, decision=decision)
 
 
 def _warn_no_proxy_fix(state: QuotaState, req: Request) -> None:

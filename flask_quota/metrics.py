@@ -42,7 +42,6 @@ hook is ``gunicorn_child_exit``. Without it, each process counts alone.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -58,10 +57,8 @@ from prometheus_client import (
     values,
 )
 
-from .errors import QuotaUnavailable
-from .failover import GuardedStorage, LocalVerdict
-from .policy import Decision, TierCheck
-from .storage import Check, Verdict
+from .core.enforcer import FAIL_CLOSED, FAIL_OPEN
+from .core.policy import Decision, TierCheck
 
 __all__ = [
     "OUTCOMES",
@@ -74,8 +71,6 @@ ALLOWED = "allowed"
 DENIED = "denied"
 SHADOW_DENIED = "shadow_denied"
 BLOCKED = "blocked"
-FAIL_OPEN = "fail_open"
-FAIL_CLOSED = "fail_closed"
 LOCAL = "local"
 OUTCOMES = (ALLOWED, DENIED, SHADOW_DENIED, BLOCKED, FAIL_OPEN, FAIL_CLOSED, LOCAL)
 """Every value of the ``outcome`` label."""
@@ -157,30 +152,26 @@ class QuotaMetrics:
             child = self._children[key] = self.decisions.labels(*key)
         child.inc()
 
-    def decide(
-        self, guard: GuardedStorage, calls: Sequence[Check], checks: Sequence[TierCheck], plan: str
-    ) -> Verdict | None:
-        """``guard.decide(calls)``, timed; a storage failure is counted here, per tier."""
-        start = time.perf_counter()
-        try:
-            verdict = guard.decide(calls)
-        except QuotaUnavailable:
-            self.storage_seconds.observe(time.perf_counter() - start)
-            self._each_check(checks, plan, FAIL_CLOSED)
-            raise
-        self.storage_seconds.observe(time.perf_counter() - start)
-        if verdict is None:
-            self._each_check(checks, plan, FAIL_OPEN)
-        return verdict
+    # -- the enforcer's observer ---------------------------------------------------
 
-    def decided(self, decision: Decision, verdict: Verdict, *, blocked: bool) -> None:
-        """Count a decision made from ``verdict`` (see the module docstring)."""
+    def stored(self, seconds: float) -> None:
+        """One decision's storage call took ``seconds``."""
+        self.storage_seconds.observe(seconds)
+
+    def unavailable(self, tiers: Sequence[TierCheck], plan: str, outcome: str) -> None:
+        """The storage failed: each tier counted as ``FAIL_CLOSED`` or ``FAIL_OPEN``."""
+        for c in tiers:
+            self.count(c.tier.value, c.name, plan, outcome)
+
+    def decided(self, decision: Decision, *, local: bool, blocked: bool) -> None:
+        """Count a decision (``local``: the in-process fallback made it; see the module
+        docstring)."""
         plan = decision.plan
         if blocked:
             self.count(BLOCKED, BLOCKED, plan, BLOCKED)
             return
         if decision.allowed:
-            outcome = LOCAL if isinstance(verdict, LocalVerdict) else ALLOWED
+            outcome = LOCAL if local else ALLOWED
             for r in decision.results:
                 if not r.shadow_denied:
                     self.count(r.tier.value, r.name, plan, outcome)
@@ -197,10 +188,6 @@ class QuotaMetrics:
         """Count ``shadow_denied`` once per (tier, policy name) that would have denied."""
         for tier, resource in tiers:
             self.count(str(tier), resource, plan, SHADOW_DENIED)
-
-    def _each_check(self, checks: Sequence[TierCheck], plan: str, outcome: str) -> None:
-        for c in checks:
-            self.count(c.tier.value, c.name, plan, outcome)
 
     def breaker_changed(self, error: BaseException | None) -> None:
         """The breaker's ``on_change``: opened with ``error``, closed with ``None``."""

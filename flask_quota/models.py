@@ -30,9 +30,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
 
-from . import validators
-from .algorithms import Algorithm
-from .tiers import Tier
+from .core import validators
+from .core.tiers import Tier
 
 __all__ = [
     "SCHEMA_REVISION",
@@ -68,7 +67,6 @@ _TIERS = ", ".join(f"'{tier.value}'" for tier in Tier)
 # Endpoint rows name a resource, global and user rows do not ('' rather than NULL,
 # so that the unique constraints hold on every database).
 _RESOURCE_CHECK = "(tier = 'endpoint' AND resource <> '') OR (tier <> 'endpoint' AND resource = '')"
-_ALGORITHMS = ", ".join(f"'{algorithm.value}'" for algorithm in Algorithm)
 
 
 def utcnow() -> datetime:
@@ -194,10 +192,7 @@ class PlanLimit(_TierRate, Model):
     def _check_algorithm(self, key: str, value: str | None) -> str | None:
         if value is None:
             return None
-        try:
-            return Algorithm(value).value
-        except ValueError:
-            raise ValueError(f"unknown algorithm {value!r}: use one of {_ALGORITHMS}") from None
+        return validators.algorithm(value).value
 
 
 class Client(Model):

@@ -22,13 +22,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
-from . import validators
 from .admin import AdminError, QuotaAdmin
+from .core import validators
+from .core.plans import Plan, catalog_from_config, plans_config
+from .core.tiers import Tier
 from .models import PlanRecord
-from .plans import Plan, catalog_from_config, plans_config
 from .settings import PlansSource
 from .sql_store import SqlStore, plan_from_record, plan_limits
-from .tiers import Tier
 
 __all__ = ["CONFIG_ACTOR", "at_start", "drift", "export_plans", "import_plans", "sql_plans"]
 

@@ -12,23 +12,15 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-from .algorithms import Algorithm
-from .breaker import DEFAULT_THRESHOLD
-from .plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
-from .rates import ACCEPTED, Rate, parse_rate
+from .core.algorithms import Algorithm
+from .core.headers import HeaderMode
+from .core.plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
+from .core.rates import ACCEPTED, Rate, parse_rate
+from .storage.breaker import DEFAULT_THRESHOLD
 
 __all__ = ["DEFAULTS", "DOCS", "FailMode", "HeaderMode", "PlansSource", "Settings", "reference"]
 
 E = TypeVar("E", bound=StrEnum)
-
-
-class HeaderMode(StrEnum):
-    """Which rate-limit headers to send (``QUOTA_HEADERS``)."""
-
-    LEGACY = "legacy"
-    IETF = "ietf"
-    BOTH = "both"
-    NONE = "none"
 
 
 class FailMode(StrEnum):

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from . import apikeys
-from .identity import Identity
-from .plans import Plan, PlanCatalog
-from .rates import Rate, Rates, parse_rates
-from .tiers import Tier
+from .core.identity import Identity
+from .core.plans import Plan, PlanCatalog
+from .core.rates import Rate, Rates, parse_rates
+from .core.tiers import Tier
 
 __all__ = ["KeyEntry", "OverrideRule", "SqlCatalog", "apply_overrides"]
 

@@ -68,9 +68,12 @@ from sqlalchemy.exc import TimeoutError as SqlTimeout
 from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.pool import StaticPool
 
-from . import validators
-from .algorithms import Algorithm
-from .identity import Identity
+from .core import validators
+from .core.algorithms import Algorithm
+from .core.identity import Identity
+from .core.plans import LimitMode, Plan, PlanCatalog
+from .core.rates import Rates, parse_rates
+from .core.tiers import Tier
 from .models import (
     SCHEMA_REVISION,
     Client,
@@ -81,12 +84,9 @@ from .models import (
     copy_tables,
     metadata,
 )
-from .plans import LimitMode, Plan, PlanCatalog
-from .rates import Rates, parse_rates
 from .settings import Settings
 from .snapshot import KeyEntry, OverrideRule, SqlCatalog
 from .storage.url import SCHEMES
-from .tiers import Tier
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
@@ -961,11 +961,16 @@ def _supervise(ref: weakref.ref[SqlStore], sync: _Sync, interval: float) -> None
             return
 
 
-def _one_line(exc: BaseException) -> str:
-    """An error as one short line (a driver's message may span several)."""
+def sql_reason(exc: BaseException) -> str:
+    """What a database error says, on one line: the driver's own message (``orig``)
+    when there is one, its first line (a driver's message may span several), or ""."""
     reason = str(getattr(exc, "orig", None) or exc).strip()
-    first = reason.splitlines()[0] if reason else ""
-    return f"{type(exc).__name__}: {first}"[:300]
+    return reason.splitlines()[0] if reason else ""
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error as one short line with its type, for logs and the sync status."""
+    return f"{type(exc).__name__}: {sql_reason(exc)}"[:300]
 
 
 _STORES: weakref.WeakSet[SqlStore] = weakref.WeakSet()

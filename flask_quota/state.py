@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from flask import Blueprint, Flask, current_app
 
-from .failover import GuardedStorage
-from .generations import Generations
-from .plans import Plan, PlanCatalog
-from .policy import LimitSpec, Policy
-from .route import Route, build_route
+from .core.enforcer import Enforcer, RouteKey
+from .core.generations import Generations
+from .core.plans import Plan, PlanCatalog
+from .core.policy import LimitSpec, Policy
+from .core.route import Route
 from .settings import Settings
 from .sql_store import SqlStore
 from .storage import Storage
-from .usage import UsageRecorder
+from .storage.failover import GuardedStorage
+from .tools.usage import UsageRecorder
 
 if TYPE_CHECKING:
-    from .extension import Quota
     from .metrics import QuotaMetrics
 
 __all__ = [
@@ -44,29 +44,26 @@ F = TypeVar("F", bound=Callable[..., Any] | Blueprint)
 # What the decorators leave on a view function; read once per request.
 LIMIT_ATTR = "__quota_limit__"
 EXEMPT_ATTR = "__quota_exempt__"
-ROUTES = 4096  # routes per generation of the route cache
-RouteKey = tuple[int, str | None, str, int, bool]
 
 
 @dataclass
 class QuotaState:
     """Everything one app's quota needs, kept in ``app.extensions["quota"]``."""
 
-    quota: Quota
+    # The ``Quota`` that built this state. Not typed as one: the state sits below the
+    # extension, and nothing here (or in what reads the state) uses it.
+    quota: Any
     settings: Settings
     storage: Storage
     guard: GuardedStorage
     policy: Policy
     sql: SqlStore
+    enforcer: Enforcer
     usage: UsageRecorder | None = None  # per-minute counts for the dashboard, when mounted
     metrics: QuotaMetrics | None = None  # with QUOTA_METRICS_URL
     # endpoint -> (exempt, limit), resolved at an endpoint's first request: one dict
     # lookup per request instead of attribute probes on the view and its blueprints.
     views: dict[str, tuple[bool, LimitSpec | None]] = field(default_factory=dict)
-    # (id(plan), endpoint, method, cost, limited?) -> Route, for the catalog in
-    # ``routes_of``; a new catalog (a plan or override change) empties it.
-    routes: Generations[RouteKey, Route] = field(default_factory=lambda: Generations(ROUTES))
-    routes_of: PlanCatalog | None = None
     proxy_warned: bool = False  # X-Forwarded-For without ProxyFix has been checked (once)
     # block key -> (expires, what its 429 may say), see ``blocks.refusal``
     block_infos: Generations[str, tuple[float, dict[str, str | None]]] = field(
@@ -80,6 +77,16 @@ class QuotaState:
             found = self.views[endpoint] = view_limit(app, endpoint)
         return found
 
+    @property
+    def routes(self) -> Generations[RouteKey, Route]:
+        """The enforcer's route cache."""
+        return self.enforcer.routes
+
+    @property
+    def routes_of(self) -> PlanCatalog | None:
+        """The catalog the cached routes were built from."""
+        return self.enforcer.routes_of
+
     def route(
         self,
         catalog: PlanCatalog,
@@ -90,42 +97,8 @@ class QuotaState:
         resource: str | None,
         cost: int,
     ) -> Route:
-        """The request's ``Route``, built on first use (``plan`` comes from ``catalog``)."""
-        if catalog is not self.routes_of:
-            self.routes.clear()
-            self.routes_of = catalog
-        key = (id(plan), endpoint, method, cost, spec is None)
-        found = self.routes.current.get(key)
-        if found is None or found.plan is not plan:  # the entry holds its plan: ids stay unique
-            found = self._new_route(catalog, key, plan, spec, resource)
-        return found
-
-    def _new_route(
-        self,
-        catalog: PlanCatalog,
-        key: RouteKey,
-        plan: Plan,
-        spec: LimitSpec | None,
-        resource: str | None,
-    ) -> Route:
-        """A route missing from the current generation: the retired one's, else made.
-
-        Plans re-resolved per client (overrides) and costs from a callable can outnumber
-        any bound: the cache keeps what is in use (see ``Generations``). A route of
-        another cost is derived from the cost-1 route, which shares all but the checks.
-        """
-        found = self.routes.recall(key)
-        if found is None or found.plan is not plan:
-            _, endpoint, method, cost, _ = key
-            if cost == 1:
-                found = build_route(
-                    self.policy, plan, method=method, spec=spec, resource=resource, cost=1
-                )
-            else:
-                unit = self.route(catalog, plan, endpoint, method, spec, resource, 1)
-                found = unit.costing(cost)
-            self.routes.put(key, found)
-        return found
+        """The request's ``Route`` (see ``Enforcer.route``)."""
+        return self.enforcer.route(catalog, plan, endpoint, method, spec, resource, cost)
 
     def catalog(self) -> PlanCatalog:
         """The plans, clients and overrides requests are decided with right now."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from flask import Flask
 
-from .clock import US
+from .core.clock import US
 from .state import get_state
 from .storage import MemoryStorage, Storage, StorageError
 from .storage.url import parse_storage_url

@@ -27,9 +27,7 @@ class Scrape:
 
     def value(self, name: str, **labels: str) -> float:
         """The sum of ``name``'s samples whose labels include ``labels`` (0 if none)."""
-        return sum(
-            v for n, ls, v in self.samples if n == name and labels.items() <= ls.items()
-        )
+        return sum(v for n, ls, v in self.samples if n == name and labels.items() <= ls.items())
 
     def names(self) -> set[str]:
         return {n for n, _, _ in self.samples}

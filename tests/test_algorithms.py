@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from flask_quota.algorithms import Algorithm, Outcome
-from flask_quota.rates import parse_rate
+from flask_quota.core.algorithms import Algorithm, Outcome
+from flask_quota.core.rates import parse_rate
 from flask_quota.storage import Check, Storage
 from flask_quota.testing import FrozenClock
 from tests.backends import backend

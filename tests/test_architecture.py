@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,14 +31,15 @@ def _type_checking_only(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """Modules of ours that ``name`` imports at run time, late (in-function) imports included."""
+def _imports(name: str, path: Path, modules: dict[str, Path], *, typed: bool = False) -> set[str]:
+    """Modules of ours that ``name`` imports at run time, late (in-function) imports
+    included; with ``typed``, the imports for annotations only too."""
     is_package = path.name == "__init__.py"
     package = name if is_package else name.rpartition(".")[0]
     targets: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if _type_checking_only(node):
+        if not typed and _type_checking_only(node):
             return  # annotations only: no run-time edge
         if isinstance(node, ast.Import):
             targets.update(alias.name for alias in node.names)
@@ -81,9 +83,10 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_import_graph_has_no_cycle() -> None:
-    """No module of flask_quota imports, even late, a module that imports it back."""
+    """No module of flask_quota imports, even late or for annotations only, a module
+    that imports it back."""
     modules = _modules()
-    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    graph = {name: _imports(name, path, modules, typed=True) for name, path in modules.items()}
     assert graph["flask_quota.cli"], "the import scan found no edges: it is broken"
     cycle = _cycle(graph)
     assert cycle is None, " -> ".join(cycle or [])
@@ -98,8 +101,36 @@ def test_a_cycle_is_detected() -> None:
 def test_tools_do_not_import_the_extension() -> None:
     """The CLI and the inspection API reach the app's state through ``flask_quota.state``."""
     modules = _modules()
-    for name in ("flask_quota.cli", "flask_quota.inspection", "flask_quota.state"):
+    for name in ("flask_quota.cli", "flask_quota.tools.inspection", "flask_quota.state"):
         assert "flask_quota.extension" not in _imports(name, modules[name], modules)
+
+
+def test_the_dashboard_reaches_the_library_through_two_doors() -> None:
+    """The dashboard imports the public face and ``flask_quota.admin_api``, nothing deeper."""
+    modules = _modules()
+    used: set[str] = set()
+    for path in sorted((PACKAGE.parent / "dashboard").glob("*.py")):
+        name = f"flask_quota.dashboard.{path.stem}"
+        used |= {m for m in _imports(name, path, modules, typed=True) if "dashboard" not in m}
+    assert used == {"flask_quota", "flask_quota.admin_api"}, sorted(used)
+
+
+def test_the_core_knows_no_flask_redis_or_sql() -> None:
+    """``flask_quota.core`` imports only itself and the standard library (and Werkzeug's
+    HTTP exceptions, which ``QuotaExceeded`` is), type-only imports included."""
+    allowed = {"werkzeug.exceptions"}
+    for path in sorted((PACKAGE / "core").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] if not node.level else []
+                assert not node.level or node.level == 1, f"{path.name} reaches outside core"
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                top = name.partition(".")[0]
+                assert name in allowed or top in sys.stdlib_module_names, f"{path.name}: {name}"
 
 
 @pytest.mark.parametrize(

@@ -13,12 +13,12 @@ from flask import Flask, request
 
 from flask_quota import Identity, Quota
 from flask_quota.admin import QuotaAdmin
-from flask_quota.algorithms import Outcome
-from flask_quota.blocks import caller_facing
-from flask_quota.errors import CallerBlocked
-from flask_quota.policy import Decision
+from flask_quota.core.algorithms import Outcome
+from flask_quota.core.errors import CallerBlocked
+from flask_quota.core.policy import Decision
 from flask_quota.storage import StorageError
 from flask_quota.testing import MemoryStorage
+from flask_quota.tools.blocks import caller_facing
 from tests.servers import RedisServer
 from tests.sqldb import sql_store
 
@@ -170,7 +170,7 @@ def test_an_operator_block_says_so_and_shows_only_a_public_reason(memory_app: Fl
         [private] = quota.blocks()
         quota.unblock("amy")
         from flask_quota import blocks
-        from flask_quota.inspection import Caller
+        from flask_quota.tools.inspection import Caller
 
         state = memory_app.extensions["quota"]
         blocks.block(state, Caller.of("amy"), 600, "card testing", "ops", public=True)

@@ -12,9 +12,9 @@ from flask.testing import FlaskClient
 
 from flask_quota import Identity, Quota
 from flask_quota.admin import QuotaAdmin
-from flask_quota.denycache import DenyCache
 from flask_quota.settings import DEFAULTS, Settings
 from flask_quota.storage import MemoryStorage
+from flask_quota.storage.denycache import DenyCache
 from flask_quota.testing import FrozenClock
 from tests.servers import RedisServer
 

@@ -17,8 +17,8 @@ import pytest
 from flask import Flask
 
 from flask_quota import Quota
-from flask_quota.breaker import CircuitBreaker
 from flask_quota.settings import Settings
+from flask_quota.storage.breaker import CircuitBreaker
 from tests.servers import RedisServer
 
 TIMEOUT = 0.05  # QUOTA_STORAGE_TIMEOUT, as in the report of the blip

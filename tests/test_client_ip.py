@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flask_quota.identity import client_ip, parsed_ip
+from flask_quota.core.identity import client_ip, parsed_ip
 
 PART = st.one_of(
     st.integers(0, 300).map(str),

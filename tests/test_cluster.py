@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from flask_quota.algorithms import Algorithm
-from flask_quota.keys import KeyBuilder
-from flask_quota.rates import parse_rate
+from flask_quota.core.algorithms import Algorithm
+from flask_quota.core.keys import KeyBuilder
+from flask_quota.core.rates import parse_rate
 from flask_quota.storage import Check
 from flask_quota.storage.cluster import ClusterStorage, slot_groups
 from flask_quota.testing import FrozenClock

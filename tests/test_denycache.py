@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flask_quota import Quota
-from flask_quota.algorithms import Algorithm
-from flask_quota.denycache import DenyCache
-from flask_quota.rates import parse_rate
+from flask_quota.core.algorithms import Algorithm
+from flask_quota.core.rates import parse_rate
 from flask_quota.settings import Settings
 from flask_quota.state import get_state
 from flask_quota.storage import Check, MemoryStorage, Verdict
+from flask_quota.storage.denycache import DenyCache
 from flask_quota.testing import FrozenClock
 from tests.load import hammer, serve_many
 from tests.servers import RedisServer

@@ -20,7 +20,7 @@ import click
 
 from flask_quota import Quota
 from flask_quota.cli import quota_cli
-from flask_quota.plans import DEFAULT_PLANS
+from flask_quota.core.plans import DEFAULT_PLANS
 from flask_quota.settings import reference
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from flask_quota.algorithms import Algorithm, sliding_window_counter, sliding_window_log
-from flask_quota.rates import Rate
+from flask_quota.core.algorithms import Algorithm, sliding_window_counter, sliding_window_log
+from flask_quota.core.rates import Rate
 from tests.load import hammer, serve_many
 from tests.servers import RedisServer
 

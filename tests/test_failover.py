@@ -23,10 +23,10 @@ from redis.retry import Retry
 from werkzeug.test import TestResponse
 
 from flask_quota import Quota
-from flask_quota.algorithms import Algorithm
-from flask_quota.breaker import DEFAULT_THRESHOLD
-from flask_quota.rates import parse_rate
+from flask_quota.core.algorithms import Algorithm
+from flask_quota.core.rates import parse_rate
 from flask_quota.storage import Check, Storage, Verdict
+from flask_quota.storage.breaker import DEFAULT_THRESHOLD
 from flask_quota.storage.redis import RedisStorage
 from tests.servers import RedisServer
 

@@ -141,7 +141,7 @@ def test_reset_forgets_a_callers_usage(app: Flask, clock: FrozenClock) -> None:
     assert statuses(client, "/x", 1) == [200]
 
 
-# -- features that land with h-parity ---------------------------------------------------
+# -- Flask-Limiter features and their equivalents here -------------------------------
 
 
 def test_deduct_when_is_charge_when(app: Flask, clock: FrozenClock) -> None:
@@ -162,6 +162,7 @@ def test_deduct_when_is_charge_when(app: Flask, clock: FrozenClock) -> None:
 
 def test_key_func_per_limit_is_key(app: Flask, clock: FrozenClock) -> None:
     """@limiter.limit(..., key_func=lambda: g.org) ~ key=: one bucket per organisation."""
+
     @app.before_request  # registered before Quota's hook, so it runs first
     def org() -> None:
         g.org = request.headers.get("X-Org", "none")

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from flask_quota import Identity, Quota
-from flask_quota.algorithms import Algorithm
-from flask_quota.keys import KeyBuilder
-from flask_quota.rates import Rate, parse_rate
+from flask_quota.core.algorithms import Algorithm
+from flask_quota.core.keys import KeyBuilder
+from flask_quota.core.rates import Rate, parse_rate
 from flask_quota.settings import DEFAULTS, Settings
 from flask_quota.storage import Check, MemoryStorage, storage_from_url
 from flask_quota.storage.redis import RedisStorage

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask_quota.generations import Generations
+from flask_quota.core.generations import Generations
 
 
 def test_an_entry_in_use_outlives_any_number_of_others() -> None:

@@ -6,13 +6,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from werkzeug.datastructures import Headers
 
-from flask_quota.algorithms import Outcome
-from flask_quota.clock import ceil_seconds
-from flask_quota.headers import apply_headers, rate_limit_headers, sf_string
-from flask_quota.policy import Decision, TierResult
-from flask_quota.rates import Rate
+from flask_quota.core.algorithms import Outcome
+from flask_quota.core.clock import ceil_seconds
+from flask_quota.core.headers import apply_headers, rate_limit_headers, sf_string
+from flask_quota.core.policy import Decision, TierResult
+from flask_quota.core.rates import Rate
+from flask_quota.core.tiers import Tier
 from flask_quota.settings import HeaderMode
-from flask_quota.tiers import Tier
 
 NOW = 1_700_000_000_000_000
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flask_quota import Identity, Quota
-from flask_quota.identity import client_ip
+from flask_quota.core.identity import client_ip
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock
 from tests.servers import Gunicorn

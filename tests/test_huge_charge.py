@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from flask_quota import Quota
-from flask_quota.algorithms import MAX_DEBT_US, MAX_LOG_LIMIT, Algorithm
-from flask_quota.rates import MAX_LIMIT, MAX_WINDOW, Rate, parse_rate
+from flask_quota.core.algorithms import MAX_DEBT_US, MAX_LOG_LIMIT, Algorithm
+from flask_quota.core.rates import MAX_LIMIT, MAX_WINDOW, Rate, parse_rate
 from flask_quota.storage import Check, MemoryStorage, Storage
 from flask_quota.storage.redis import RedisStorage
 from flask_quota.testing import FrozenClock

@@ -19,14 +19,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from flask_quota import Quota
-from flask_quota.algorithms import Algorithm, Outcome
-from flask_quota.errors import QuotaExceeded
-from flask_quota.policy import Decision, TierCheck
-from flask_quota.rates import MAX_LIMIT, MAX_WINDOW, Rate, parse_rate
+from flask_quota.core.algorithms import Algorithm, Outcome
+from flask_quota.core.errors import QuotaExceeded
+from flask_quota.core.policy import Decision, TierCheck
+from flask_quota.core.rates import MAX_LIMIT, MAX_WINDOW, Rate, parse_rate
+from flask_quota.core.tiers import Tier
 from flask_quota.storage import Check, MemoryStorage, Storage
 from flask_quota.storage.redis import RedisStorage
 from flask_quota.testing import FrozenClock
-from flask_quota.tiers import Tier
 from tests.backends import ALIGNED, backend
 from tests.servers import RedisServer
 

@@ -22,18 +22,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flask_quota import Quota
-from flask_quota.adjust import charge_log
-from flask_quota.algorithms import (
+from flask_quota.core.adjust import charge_log
+from flask_quota.core.algorithms import (
     MAX_LOG_LIMIT,
     Algorithm,
     bound_debt,
     charged_units,
     sliding_window_log,
 )
-from flask_quota.keys import KeyBuilder
-from flask_quota.plans import Plan, catalog_from_config
-from flask_quota.policy import LimitSpec, Policy
-from flask_quota.rates import Rate, parse_rates
+from flask_quota.core.keys import KeyBuilder
+from flask_quota.core.plans import Plan, catalog_from_config
+from flask_quota.core.policy import LimitSpec, Policy
+from flask_quota.core.rates import Rate, parse_rates
 from flask_quota.settings import Settings
 from flask_quota.storage import MemoryStorage
 from flask_quota.storage.redis import RedisStorage

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from flask_quota.algorithms import Algorithm
-from flask_quota.rates import parse_rate
+from flask_quota.core.algorithms import Algorithm
+from flask_quota.core.rates import parse_rate
 from flask_quota.storage import Check, MemoryStorage
 from flask_quota.testing import FrozenClock
 

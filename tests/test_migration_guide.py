@@ -12,13 +12,13 @@ from flask import Blueprint, Flask
 from flask.testing import FlaskClient
 
 from flask_quota import Quota, signals
-from flask_quota.algorithms import Outcome
-from flask_quota.plans import DEFAULT_PLANS
-from flask_quota.policy import Decision, TierResult
-from flask_quota.rates import parse_rate
+from flask_quota.core.algorithms import Outcome
+from flask_quota.core.plans import DEFAULT_PLANS
+from flask_quota.core.policy import Decision, TierResult
+from flask_quota.core.rates import parse_rate
+from flask_quota.core.tiers import Tier
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock
-from flask_quota.tiers import Tier
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = (ROOT / "docs" / "flask-limiter.md").read_text(encoding="utf-8")

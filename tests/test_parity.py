@@ -15,13 +15,13 @@ from flask import Blueprint, Flask, g, jsonify, request
 from flask.testing import FlaskClient
 
 from flask_quota import Quota, QuotaExceeded, signals, validators
-from flask_quota.algorithms import Algorithm
-from flask_quota.breaker import DEFAULT_THRESHOLD, CircuitBreaker
-from flask_quota.failover import GuardedStorage
-from flask_quota.policy import Decision
-from flask_quota.rates import parse_rate, parse_rates
+from flask_quota.core.algorithms import Algorithm
+from flask_quota.core.policy import Decision
+from flask_quota.core.rates import parse_rate, parse_rates
 from flask_quota.settings import FailMode
 from flask_quota.storage import Check, MemoryStorage, Storage
+from flask_quota.storage.breaker import DEFAULT_THRESHOLD, CircuitBreaker
+from flask_quota.storage.failover import GuardedStorage
 from flask_quota.storage.redis import RedisStorage
 from flask_quota.testing import FrozenClock
 
@@ -176,7 +176,7 @@ def test_parse_rates_canonical_text_and_errors() -> None:
 
 
 def test_two_rates_on_one_limit(app: Flask, storage: Storage, clock: FrozenClock) -> None:
-    """"2/second, 3/minute": 200, 200, 429; 1.2 s later 200, 429; two named policies."""
+    """ "2/second, 3/minute": 200, 200, 429; 1.2 s later 200, 429; two named policies."""
     quota = quota_app(app, storage)
 
     @app.get("/burst")

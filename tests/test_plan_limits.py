@@ -12,17 +12,17 @@ import pytest
 from flask import Flask
 
 from flask_quota import Quota, signals
-from flask_quota.algorithms import Algorithm
-from flask_quota.clock import US
+from flask_quota.core.algorithms import Algorithm
+from flask_quota.core.clock import US
+from flask_quota.core.plans import LimitMode, catalog_from_config, plans_config
+from flask_quota.core.policy import Decision
+from flask_quota.core.rates import parse_rate
+from flask_quota.core.tiers import Tier
 from flask_quota.dashboard.data import tier_totals
-from flask_quota.denycache import DenyCache
-from flask_quota.plans import LimitMode, catalog_from_config, plans_config
-from flask_quota.policy import Decision
-from flask_quota.rates import parse_rate
 from flask_quota.storage import Check, Storage
+from flask_quota.storage.denycache import DenyCache
 from flask_quota.testing import FrozenClock, MemoryStorage, test_storage
-from flask_quota.tiers import Tier
-from flask_quota.usage import SHADOW_DENIED
+from flask_quota.tools.usage import SHADOW_DENIED
 from tests.servers import RedisServer
 
 PLANS = {"free": {"user": "100/minute", "resources": {"ai_inference": "50/minute"}}}
@@ -56,7 +56,7 @@ def cli(app: Flask, *args: str) -> str:
 
 
 def test_cli_algorithm_and_shadow_apply_to_requests(sql_app: tuple[Flask, FrozenClock]) -> None:
-    """`plans set ... --algorithm fixed_window` and `... --shadow` (issue 10's must-show):
+    """`plans set ... --algorithm fixed_window` and `... --shadow` reach the request path:
     5 x 200 then 429 with a reset on the minute boundary; the shadow user tier, which
     allows only 2, neither denies nor appears in the headers."""
     app, clock = sql_app

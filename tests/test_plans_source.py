@@ -13,7 +13,7 @@ from flask import Flask
 
 from flask_quota import Quota
 from flask_quota.admin import QuotaAdmin
-from flask_quota.plans import plans_config
+from flask_quota.core.plans import plans_config
 from flask_quota.plansync import sql_plans
 from flask_quota.testing import MemoryStorage
 from tests.test_dashboard import HASH, OPS, csrf_from

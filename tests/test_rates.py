@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flask_quota.rates import Rate, parse_rate
+from flask_quota.core.rates import Rate, parse_rate
 
 
 @pytest.mark.parametrize(
@@ -82,7 +82,7 @@ def test_a_zero_rate_is_refused_naming_the_text_given(text: str) -> None:
 def test_semicolon_between_rates_suggests_the_comma_form() -> None:
     """Two rates joined by ';' ("10/second; 100/day"), where only '; burst=B' belongs:
     the error names the text and suggests the comma form that parse_rates accepts."""
-    from flask_quota.rates import parse_rates
+    from flask_quota.core.rates import parse_rates
 
     with pytest.raises(ValueError) as info:
         parse_rates("10/second; 100/day")

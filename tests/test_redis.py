@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flask_quota import Quota
-from flask_quota.algorithms import Algorithm
-from flask_quota.rates import parse_rate
+from flask_quota.core.algorithms import Algorithm
+from flask_quota.core.rates import parse_rate
 from flask_quota.storage import Check, MemoryStorage
 from flask_quota.storage.redis import RedisStorage
 from flask_quota.testing import FrozenClock
@@ -121,7 +121,7 @@ def test_client_input_cannot_choose_the_cluster_slot() -> None:
     """Braces in an identity are escaped: the hash tag is always the whole escaped id."""
     from redis.crc import key_slot
 
-    from flask_quota.keys import KeyBuilder
+    from flask_quota.core.keys import KeyBuilder
 
     keys = KeyBuilder("quota")
     hostile = keys.identity_tag("}{victim}")

@@ -12,8 +12,8 @@ import time
 import pytest
 import redis
 
-from flask_quota.algorithms import Algorithm
-from flask_quota.rates import parse_rate
+from flask_quota.core.algorithms import Algorithm
+from flask_quota.core.rates import parse_rate
 from flask_quota.storage import Check, StorageError
 from flask_quota.storage.redis import RedisStorage, decide_args
 from flask_quota.testing import FrozenClock

@@ -18,19 +18,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flask_quota import Quota
-from flask_quota.algorithms import Algorithm
-from flask_quota.headers import rate_limit_headers, reply_headers
-from flask_quota.keys import KeyBuilder
-from flask_quota.plans import LimitMode, Plan, PlanCatalog
-from flask_quota.policy import Decision, LimitSpec, Policy, gate_check
-from flask_quota.rates import Rate, parse_rates
-from flask_quota.route import build_route
+from flask_quota.core.algorithms import Algorithm
+from flask_quota.core.headers import rate_limit_headers
+from flask_quota.core.keys import KeyBuilder
+from flask_quota.core.plans import LimitMode, Plan, PlanCatalog
+from flask_quota.core.policy import Decision, LimitSpec, Policy, gate_check
+from flask_quota.core.rates import Rate, parse_rates
+from flask_quota.core.reply import Reply
+from flask_quota.core.route import build_route
+from flask_quota.core.tiers import Tier
 from flask_quota.settings import HeaderMode
 from flask_quota.state import get_state
 from flask_quota.storage import Check, MemoryStorage
 from flask_quota.storage.base import flat_reply, verdict_of
 from flask_quota.testing import FrozenClock
-from flask_quota.tiers import Tier
 
 PLAN = Plan(
     "p",
@@ -107,14 +108,14 @@ def test_headers_from_the_reply_are_the_decisions_byte_for_byte(
     spec = LimitSpec(None, "search", 1)
     route = build_route(policy, PLAN, method="GET", spec=spec, resource="search", cost=1)
     assert len(route.tiers) == 5  # global, user (2 rates), search (2 rates)
-    reply = [now, 1, 1, 0, now, 0]
+    reply = Reply([now, 1, 1, 0, now, 0])
     for (allowed, remaining, reset, retry), tier in zip(tiers, route.tiers, strict=True):
         reply += [int(allowed), remaining, reset, 0 if allowed else retry]
         if not allowed and not tier.check.shadow:
             reply[1] = 0  # as every storage answers: all_allowed covers the enforced tiers
     blocked, decision = route.decision(reply)
     assert blocked is None
-    assert reply_headers(route, reply, mode) == rate_limit_headers(decision, mode)
+    assert route.headers(reply, mode) == rate_limit_headers(decision, mode)
 
 
 def test_decision_from_the_reply_is_the_verdicts() -> None:

@@ -15,16 +15,16 @@ import redis
 from flask import Flask
 
 from flask_quota import Quota
-from flask_quota.breaker import CircuitBreaker
-from flask_quota.denycache import DenyCache
-from flask_quota.failover import GuardedStorage
-from flask_quota.keys import remote_ip_tag
+from flask_quota.core.keys import remote_ip_tag
 from flask_quota.settings import FailMode
 from flask_quota.storage import MemoryStorage
+from flask_quota.storage.breaker import CircuitBreaker
 from flask_quota.storage.cluster import ClusterStorage
+from flask_quota.storage.denycache import DenyCache
+from flask_quota.storage.failover import GuardedStorage
 from flask_quota.storage.redis import RedisStorage
 from flask_quota.testing import FrozenClock
-from flask_quota.usage import (
+from flask_quota.tools.usage import (
     HOUR,
     REQUESTS,
     TOP_KEPT,
@@ -250,8 +250,8 @@ def traced() -> Iterator[Callable[[], int]]:
             # Only what usage code (and this test's strings it keeps) holds: threads
             # left running by other tests in the same process allocate too.
             ours = [
-                tracemalloc.Filter(True, "*/flask_quota/usage.py"),
-                tracemalloc.Filter(True, "*/flask_quota/keys.py"),  # the tags usage keeps
+                tracemalloc.Filter(True, "*/flask_quota/tools/usage.py"),
+                tracemalloc.Filter(True, "*/flask_quota/core/keys.py"),  # the tags usage keeps
                 tracemalloc.Filter(True, __file__),
             ]
             snapshot = tracemalloc.take_snapshot().filter_traces(ours)

@@ -13,7 +13,7 @@ import time
 
 import redis
 
-from flask_quota.usage import RedisUsageSink, UsageRecorder
+from flask_quota.tools.usage import RedisUsageSink, UsageRecorder
 from tests.servers import RedisServer
 from tests.test_redis import CountingConnection, counting_client
 

@@ -14,7 +14,7 @@ import pytest
 from flask import Flask
 
 from flask_quota import Quota
-from flask_quota.algorithms import Algorithm
+from flask_quota.core.algorithms import Algorithm
 from tests.servers import RedisServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.valkey]

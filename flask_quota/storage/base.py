@@ -7,9 +7,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
-from ..algorithms import Algorithm, Gate, Outcome
-from ..clock import Clock, wall_clock_us
-from ..rates import Rate
+# The values that cross the boundary are the core's; they are named here too, where
+# a backend's author looks for them.
+from ..core.checks import (
+    Check,
+    Verdict,
+    flat_reply,
+    keyed,
+    shadow_flags,
+    shown_limit,
+    verdict_of,
+)
+from ..core.clock import Clock, wall_clock_us
+from ..core.reply import Reply
 
 __all__ = [
     "BlockEntry",
@@ -31,94 +41,6 @@ __all__ = [
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One tier's question to the storage: may ``cost`` units pass on ``key``?
-
-    A ``shadow`` check is decided like any other but never denies: when it would,
-    it is not charged and the other checks are decided as if it were absent.
-    """
-
-    key: str
-    algorithm: Algorithm | Gate
-    rate: Rate
-    cost: int
-    shadow: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """The answer for all checks of one request, decided atomically.
-
-    ``shadow`` flags the shadow checks (parallel to ``outcomes``; empty when
-    there are none): their denials do not deny.
-    """
-
-    now_us: int
-    outcomes: tuple[Outcome, ...]
-    shadow: tuple[bool, ...] = ()
-
-    @property
-    def allowed(self) -> bool:
-        """True when every enforced check allowed (a shadow denial does not deny)."""
-        if not self.shadow:
-            return all(o.allowed for o in self.outcomes)
-        return all(o.allowed or s for o, s in zip(self.outcomes, self.shadow, strict=True))
-
-
-def shadow_flags(checks: Sequence[Check]) -> tuple[bool, ...]:
-    """``Verdict.shadow`` for ``checks``: empty when none is a shadow check."""
-    flags = tuple(c.shadow for c in checks)
-    return flags if any(flags) else ()
-
-
-Reply = list[int]
-"""A verdict as flat integers, the request path's form of it (the decide script's
-reply): ``[now_us, all_allowed, then per check: allowed, remaining, reset_us,
-retry_us]``, with 1/0 for the flags. No object is made per check."""
-
-
-def flat_reply(verdict: Verdict) -> Reply:
-    """``verdict`` as a ``Reply``."""
-    reply = [verdict.now_us, int(verdict.allowed)]
-    for o in verdict.outcomes:
-        reply += (int(o.allowed), o.remaining, o.reset_us, o.retry_after_us)
-    return reply
-
-
-def verdict_of(checks: Sequence[Check], reply: Sequence[int]) -> Verdict:
-    """A ``Reply`` for ``checks`` as a ``Verdict``; each outcome's limit is its rate's
-    (a token bucket's capacity; 0 for a gate, which has no limit)."""
-    outcomes = tuple(
-        Outcome(
-            bool(reply[2 + 4 * i]),
-            shown_limit(check),
-            int(reply[3 + 4 * i]),
-            int(reply[4 + 4 * i]),
-            int(reply[5 + 4 * i]),
-        )
-        for i, check in enumerate(checks)
-    )
-    return Verdict(int(reply[0]), outcomes, shadow_flags(checks))
-
-
-def shown_limit(check: Check) -> int:
-    """The limit a check's outcome reports: a token bucket's capacity, 0 for a gate."""
-    if isinstance(check.algorithm, Gate):
-        return 0
-    if check.algorithm is Algorithm.TOKEN_BUCKET:
-        return check.rate.capacity
-    return check.rate.limit
-
-
-def keyed(checks: Sequence[Check], keys: Sequence[str]) -> list[Check]:
-    """``checks`` with ``keys`` (in the same order) in place of their own keys."""
-    return [
-        Check(key, c.algorithm, c.rate, c.cost, c.shadow)
-        for c, key in zip(checks, keys, strict=True)
-    ]
 
 
 def flat_decide(storage: Storage, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
@@ -155,7 +77,7 @@ class BlockEntry:
 
     key: str
     remaining_us: int
-    info: str  # JSON written by ``blocks.py``: reason, who, when
+    info: str  # JSON written by ``tools/blocks.py``: reason, who, when
 
 
 class StorageError(Exception):

@@ -1,6 +1,6 @@
 """Redis Cluster backend: one script call per hash slot, all-or-nothing by refund.
 
-Keys of one caller share a hash tag (see ``keys.py``), so the user and endpoint
+Keys of one caller share a hash tag (see ``core/keys.py``), so the user and endpoint
 tiers of a request always sit in one slot; the global tier is keyed by IP and may
 sit in another. Each slot's tiers are decided atomically by the same Lua script
 as on a single Redis, the slots concurrently (one round trip each, in flight
@@ -27,8 +27,8 @@ from redis.crc import key_slot
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 from redis.retry import Retry
 
-from ..algorithms import Outcome
-from ..usage import RedisUsageSink, UsageSink
+from ..core.algorithms import Outcome
+from ..tools.usage import RedisUsageSink, UsageSink
 from .base import (
     BlockEntry,
     Check,

@@ -8,10 +8,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..adjust import CHARGES, REFUNDS, Change
-from ..algorithms import ALGORITHMS, Algorithm, Step, block_gate, bound_debt, charged_units
-from ..rates import Rate
-from ..usage import MemoryUsageSink, UsageSink
+from ..core.adjust import CHARGES, REFUNDS, Change
+from ..core.algorithms import ALGORITHMS, Algorithm, Step, block_gate, bound_debt, charged_units
+from ..core.rates import Rate
+from ..tools.usage import MemoryUsageSink, UsageSink
 from .base import BlockEntry, Check, Clock, Reply, Verdict, verdict_of, wall_clock_us
 
 __all__ = ["MemoryStorage"]
@@ -140,7 +140,7 @@ class MemoryStorage:
                 self._sweep(now)
             data = self._data
             get, gate = data.get, block_gate  # locals: read once per check
-            reply = [now, 1]
+            reply = Reply((now, 1))
             writes = []  # (key, state, ttl) of each check that allowed
             for key, (step_of, rate, cost, shadow) in zip(keys, shape, strict=True):
                 entry = get(key)
@@ -154,8 +154,8 @@ class MemoryStorage:
                     if ttl > 0 or entry is not None:  # else: nothing stored, nothing to drop
                         writes.append((key, state, ttl))
                 elif not shadow:
-                    reply[1] = 0
-            if commit and reply[1]:
+                    reply.deny_all()
+            if commit and reply.all_allowed:
                 slots = self._slots
                 for key, state, ttl in writes:
                     if ttl <= 0:

@@ -12,7 +12,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..usage import RedisUsageSink, UsageSink
+from ..tools.usage import RedisUsageSink, UsageSink
 from .base import BlockEntry, Check, Clock, Reply, Verdict, verdict_of, wraps_errors
 from .url import parse_storage_url
 
@@ -193,8 +193,7 @@ class RedisStorage:
     @wraps_errors(*REDIS_ERRORS)
     def _call(self, mode: str, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
         now = b"" if self._clock is None else b"%d" % self._clock()
-        reply: Reply = self._decide(self._decide.pack(mode, now, checks, keys))
-        return reply
+        return Reply(self._decide(self._decide.pack(mode, now, checks, keys)))
 
     def usage_sink(self, prefix: str) -> UsageSink:
         """Dashboard usage in this Redis, shared by every worker (Sentinel inherits it)."""

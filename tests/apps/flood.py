@@ -19,10 +19,10 @@ import tempfile
 from flask import Flask
 
 from flask_quota import Quota
-from flask_quota.keys import remote_ip_tag
+from flask_quota.core.keys import remote_ip_tag
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock
-from flask_quota.usage import HOUR
+from flask_quota.tools.usage import HOUR
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -1,5 +1,5 @@
 -- A block gate: denies while the caller's block key lives; never writes.
--- Mirrors flask_quota.algorithms.block_gate (the key's TTL is the rest of the block).
+-- Mirrors flask_quota.core.algorithms.block_gate (the key's TTL is the rest of the block).
 -- Takes no rate: decide.lua does not parse the gate's arguments.
 local function block_gate(key, now)
   local ttl = redis.call('PTTL', key)

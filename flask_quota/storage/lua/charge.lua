@@ -1,7 +1,7 @@
 -- Charge without asking: quota.charge(n) after the response, past the limit if need be.
--- Mirrors flask_quota.adjust.charge_*; the bucket goes into debt and the next
+-- Mirrors flask_quota.core.adjust.charge_*; the bucket goes into debt and the next
 -- request waits until it is paid off. The debt is bounded as in
--- flask_quota.algorithms.bound_debt, so every stored number stays below 2^53 (a cost
+-- flask_quota.core.algorithms.bound_debt, so every stored number stays below 2^53 (a cost
 -- past 2^53 arrives rounded, but then the sum is past the bound too: min is exact).
 -- KEYS[i]: a tier's state key.
 -- ARGV[1]: "" for the Redis server clock; an integer microsecond time only in tests.

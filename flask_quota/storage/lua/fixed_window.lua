@@ -1,5 +1,5 @@
 -- Counter per epoch-aligned window, stored as "start:count".
--- Mirrors flask_quota.algorithms.fixed_window. Returns as decide.lua reads it (see there).
+-- Mirrors flask_quota.core.algorithms.fixed_window. Returns as decide.lua reads it (see there).
 local function fixed_window(key, now, limit, window, capacity, cost)
   local start = now - now % window
   local count = fixed_count(key, start)

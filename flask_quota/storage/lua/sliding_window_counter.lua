@@ -1,5 +1,5 @@
 -- Weighted previous + current window counts, stored as "start:prev:cur".
--- Mirrors flask_quota.algorithms.sliding_window_counter. Returns as decide.lua reads it.
+-- Mirrors flask_quota.core.algorithms.sliding_window_counter. Returns as decide.lua reads it.
 
 -- floor(a * b / c) and the remainder, exact for integers 0 <= a <= c < 2^52 and
 -- 0 <= b < 2^53, where a * b itself may pass 2^53 (doubles are exact below it).

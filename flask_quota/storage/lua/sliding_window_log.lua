@@ -1,5 +1,5 @@
 -- One list entry per unit of cost, oldest first.
--- Mirrors flask_quota.algorithms.sliding_window_log. Returns as decide.lua reads it; its
+-- Mirrors flask_quota.core.algorithms.sliding_window_log. Returns as decide.lua reads it; its
 -- write is a function (trim, push, expire), not one value to SET.
 local function sliding_window_log(key, now, limit, window, capacity, cost)
   local entries = redis.call('LRANGE', key, 0, -1)

@@ -1,5 +1,5 @@
 -- GCRA token bucket: one "theoretical arrival time" per key.
--- Mirrors flask_quota.algorithms.token_bucket. Returns as decide.lua reads it (see there).
+-- Mirrors flask_quota.core.algorithms.token_bucket. Returns as decide.lua reads it (see there).
 local function token_bucket(key, now, limit, window, capacity, cost)
   local interval = math.floor(window / limit)
   local tau = capacity * interval

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Protocol, runtime_checkable
 
+from ..core.policy import SHADOW_DENIED, Mark
+
 __all__ = [
     "HOUR",
     "REQUESTS",
@@ -56,10 +58,7 @@ _US_PER_MINUTE = 60_000_000
 Clock = Callable[[], int]
 """Microseconds, like the storages' clocks (``flask_quota.storage.Clock``)."""
 
-SHADOW_DENIED = "shadow_denied"
 """The mark of a shadow tier that would have denied (``Decision.usage_outcomes``)."""
-Mark = bool | str
-"""A tier's outcome in usage: True allowed, False denied, or ``SHADOW_DENIED``."""
 Batch = dict[tuple[int, str, str, Mark], int]  # (minute, identity, tier name, mark) -> count
 REQUESTS = "*"  # the tier name under which whole requests are counted per identity
 _FLAGS: dict[Mark, str] = {True: "a", False: "d", SHADOW_DENIED: "s"}  # Redis field suffixes
@@ -118,10 +117,16 @@ class UsageHost(Protocol):
 
 
 def usage_sink(storage: object, prefix: str) -> UsageSink:
-    """The sink ``storage`` hosts; a storage that hosts none gets an in-process one."""
-    if isinstance(storage, UsageHost):
-        return storage.usage_sink(prefix)
-    return MemoryUsageSink()
+    """The sink ``storage`` hosts; a storage that hosts none gets an in-process one.
+
+    A wrapper (the deny cache, the fail-mode guard) hosts what the ``storage`` it
+    wraps hosts: it is looked through here instead of each wrapper passing it on.
+    """
+    while not isinstance(storage, UsageHost):
+        storage = getattr(storage, "storage", None)
+        if storage is None:
+            return MemoryUsageSink()
+    return storage.usage_sink(prefix)
 
 
 class _Minute:
@@ -345,7 +350,7 @@ class RedisUsageSink:
 
     def _run(self, client: Any, keys: tuple[str, ...], args: list[Any]) -> Any:
         if self._script is None:
-            source = resources.files(__package__).joinpath("storage", "lua", "usage.lua")
+            source = resources.files("flask_quota.storage").joinpath("lua", "usage.lua")
             self._script = client.register_script(source.read_text("utf-8"))
         return self._script(keys, args, client=client)
 

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import re
 
+from .algorithms import Algorithm
 from .rates import Rate, Rates, parse_rates
 from .tiers import Tier
 
 __all__ = [
+    "ALGORITHM_NAMES",
     "RESOURCE_PATTERN",
     "RESOURCE_RE",
+    "algorithm",
     "client_name",
+    "is_count",
     "plan_name",
     "rate_text",
     "resource_name",
@@ -27,6 +31,22 @@ __all__ = [
 RESOURCE_PATTERN = r"[A-Za-z0-9_.\-]{1,64}"
 RESOURCE_RE = re.compile(RESOURCE_PATTERN)
 _RESOURCE_RULE = "1-64 characters of A-Z a-z 0-9 _ . -"
+
+
+ALGORITHM_NAMES = ", ".join(a.value for a in Algorithm)
+
+
+def algorithm(value: str) -> Algorithm:
+    """An algorithm by its name (``token_bucket``, ...), exactly as ``Algorithm`` spells it."""
+    try:
+        return Algorithm(value)
+    except ValueError:
+        raise ValueError(f"unknown algorithm {value!r}: use one of {ALGORITHM_NAMES}") from None
+
+
+def is_count(value: object, *, minimum: int = 0) -> bool:
+    """True for an int (not a bool) of at least ``minimum``: costs, charges, seconds."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 def tier_name(value: str) -> Tier:

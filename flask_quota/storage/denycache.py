@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .algorithms import Algorithm, Outcome
-from .clock import US
-from .rates import Rate
-from .storage import Check, Storage, Verdict
-from .storage.base import (
+from ..core.algorithms import Algorithm, Outcome
+from ..core.clock import US
+from ..core.rates import Rate
+from . import Check, Storage, Verdict
+from .base import (
     BlockEntry,
     Reply,
     flat_decide,
@@ -29,7 +29,6 @@ from .storage.base import (
     shadow_flags,
     verdict_of,
 )
-from .usage import UsageSink, usage_sink
 
 __all__ = ["DenyCache"]
 
@@ -92,7 +91,7 @@ class DenyCache:
                     self.on_hit()
                 return flat_reply(cached)
         reply = flat_decide(self.storage, checks, keys)
-        if not reply[1]:
+        if not reply.all_allowed:
             real = keyed(checks, keys)
             self._remember(real, verdict_of(real, reply), now)
         return reply
@@ -228,7 +227,3 @@ class DenyCache:
         if len(live) >= self._max_keys:
             live = dict(list(live.items())[len(live) // 2 :])
         self._denials = live
-
-    def usage_sink(self, prefix: str) -> UsageSink:
-        """The wrapped storage's usage sink."""
-        return usage_sink(self.storage, prefix)

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import unquote
 
 from flask import Flask
 
-from .admin import QuotaAdmin
-from .clock import seconds_until
-from .identity import client_ip
-from .keys import KeyBuilder
-from .plans import Plan, PlanCatalog
-from .policy import TierCheck
-from .state import QuotaState, limited_endpoints
+from ..admin import QuotaAdmin
+from ..core.clock import seconds_until
+from ..core.identity import client_ip
+from ..core.keys import KeyBuilder, Tag
+from ..core.plans import Plan, PlanCatalog
+from ..core.policy import TierCheck
+from ..state import QuotaState, limited_endpoints
 
 __all__ = [
     "BucketState",
@@ -59,13 +58,13 @@ class Caller:
     @classmethod
     def from_tag(cls, tag: str) -> Caller:
         """The caller behind a key tag as usage records show it (``id=...``/``ip=...``)."""
-        if not is_tag(tag):
+        if not Tag.valid(tag):
             raise ValueError(f"{tag[:100]!r} is not a caller tag (id=... or ip=...)")
-        if tag.startswith("ip="):
+        parsed = Tag(tag)
+        if parsed.is_ip:
             return cls(tag, tag, None)
         # A digest (%h...) hides the id: the buckets are still found, the plan is the default.
-        raw = tag[3:]
-        return cls(tag, None, None if raw.startswith("%h") else unquote(raw))
+        return cls(tag, None, None if parsed.hashed else parsed.value)
 
     @classmethod
     def guess(cls, text: str) -> Caller:
@@ -83,12 +82,12 @@ class Caller:
     @property
     def anonymous(self) -> bool:
         """True for a caller known only by its IP address."""
-        return self.identity is None and self.tag.startswith("ip=")
+        return self.identity is None and Tag(self.tag).is_ip
 
 
 def is_tag(tag: str) -> bool:
     """Caller tags as the extension builds them: ``id=...`` or ``ip=...``."""
-    return tag.startswith(("id=", "ip=")) and 3 < len(tag) <= 300
+    return Tag.valid(tag)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,4 +192,4 @@ def reset(
 def _tags_in(keys: Sequence[str]) -> list[str]:
     """The caller tags (``{...}`` of ``KeyBuilder``'s keys) in ``keys``, identities first."""
     tags = dict.fromkeys(key[key.find("{") + 1 : key.rfind("}")] for key in keys if "{" in key)
-    return sorted(tags, key=lambda tag: not tag.startswith("id="))
+    return sorted(tags, key=lambda tag: not Tag(tag).is_identity)

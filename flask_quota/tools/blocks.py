@@ -22,20 +22,20 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from urllib.parse import unquote
 
-from .admin import QuotaAdmin
-from .algorithms import Outcome
-from .clock import US, ceil_seconds
-from .denycache import DenyCache
-from .errors import CallerBlocked
-from .failover import GuardedStorage
+from ..admin import QuotaAdmin
+from ..core.algorithms import Outcome
+from ..core.clock import US, ceil_seconds
+from ..core.errors import CallerBlocked
+from ..core.keys import KeyBuilder, Tag
+from ..core.policy import Decision, gate_check
+from ..core.validators import is_count
+from ..settings import Settings
+from ..state import QuotaState
+from ..storage import Check, Storage
+from ..storage.denycache import DenyCache
+from ..storage.failover import GuardedStorage
 from .inspection import Caller
-from .keys import KeyBuilder
-from .policy import Decision, gate_check
-from .settings import Settings
-from .state import QuotaState
-from .storage import Check, Storage
 
 __all__ = [
     "Block",
@@ -137,7 +137,7 @@ def block(
     ``block.failed`` entry and raises (the tags after it are left alone). ``public``:
     the caller's 429 shows ``reason`` (otherwise it only says an operator blocked it).
     """
-    if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0:
+    if not is_count(seconds, minimum=1):
         raise ValueError(f"seconds must be a whole number above 0, got {seconds!r}")
     if not isinstance(reason, str):
         raise ValueError(f"reason must be a string, got {type(reason).__name__}")
@@ -189,7 +189,7 @@ def list_blocks(state: QuotaState) -> list[Block]:
         found.append(
             Block(
                 tag,
-                unquote(tag[3:]),
+                Tag(tag).value,
                 until,
                 max(1, ceil_seconds(entry.remaining_us)),
                 str(info.get("reason", "")),

@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..core.validators import is_count
+
 __all__ = ["DEFAULT_THRESHOLD", "Attempt", "CircuitBreaker"]
 
 log = logging.getLogger("flask_quota")
@@ -53,7 +55,7 @@ class CircuitBreaker:
         cooldown: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+        if not is_count(threshold, minimum=1):
             raise ValueError(f"the breaker threshold must be an int >= 1, not {threshold!r}")
         self.name = name
         self.threshold = threshold

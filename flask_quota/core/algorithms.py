@@ -78,7 +78,7 @@ _CODES = {
 class Gate(StrEnum):
     """Checks that ride along with the tiers but are not rate limits."""
 
-    BLOCK = "block"  # denies while the caller's block key lives (see ``blocks.py``)
+    BLOCK = "block"  # denies while the caller's block key lives (see ``tools/blocks.py``)
 
     @property
     def code(self) -> str:

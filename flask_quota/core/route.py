@@ -15,11 +15,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .algorithms import Outcome
-from .headers import policy_header, printable, sf_string
+from .checks import Check, keyed, shown_limit
+from .clock import US
+from .headers import (
+    LIMIT,
+    POLICY,
+    RATELIMIT,
+    REMAINING,
+    RESET,
+    RESOURCE,
+    HeaderMode,
+    policy_header,
+    printable,
+    sf_string,
+)
 from .plans import Plan
 from .policy import Decision, LimitSpec, Policy, TierCheck, TierResult, gate_check
-from .storage import Check
-from .storage.base import keyed, shown_limit
+from .reply import Reply
 from .tiers import Tier
 
 __all__ = ["Route", "build_route"]
@@ -40,7 +52,7 @@ class Route:
     """
 
     __slots__ = ("calls", "enforced", "labels", "limit_texts", "limits", "names", "parts",
-                 "plan", "policy", "shadow", "tiers")  # fmt: skip
+                 "plan", "policy", "shadow", "shown_among", "tiers")  # fmt: skip
 
     def __init__(self, plan: Plan, tiers: Sequence[TierCheck], gate: Check) -> None:
         self.plan = plan
@@ -50,6 +62,7 @@ class Route:
         self.shadow = any(c.shadow for c in self.calls)  # then a shadow denial may need a signal
         # What the headers show, per tier; only enforced (non-shadow) tiers are shown.
         self.enforced = tuple(i for i, t in enumerate(tiers) if not t.check.shadow)
+        self.shown_among = tuple(i + 1 for i in self.enforced)  # as checks: the gate is 0
         self.limits = tuple(shown_limit(t.check) for t in tiers)
         self.limit_texts = tuple(str(limit) for limit in self.limits)
         self.names = tuple(printable(t.name) for t in tiers)
@@ -92,19 +105,42 @@ class Route:
             for t, c in zip(self.tiers, keyed(self.calls[1:], keys[1:]), strict=True)
         ]
 
-    def decision(self, reply: Sequence[int]) -> tuple[Outcome | None, Decision]:
+    def decision(self, reply: Reply) -> tuple[Outcome | None, Decision]:
         """(the block gate's outcome if it denies, else None; the tiers' decision)."""
-        gate = None if reply[2] else Outcome(False, 0, reply[3], reply[4], reply[5])
-        results = []
-        for i, t in enumerate(self.tiers):
-            j = 6 + 4 * i
-            outcome = Outcome(
-                bool(reply[j]), self.limits[i], reply[j + 1], reply[j + 2], reply[j + 3]
+        gate = None if reply.allowed(0) else reply.outcome(0, 0)
+        results = tuple(
+            TierResult(
+                t.tier, t.name, t.check.rate, reply.outcome(i + 1, self.limits[i]),
+                t.resource, t.check.shadow,
             )
-            results.append(
-                TierResult(t.tier, t.name, t.check.rate, outcome, t.resource, t.check.shadow)
-            )
-        return gate, Decision(self.plan.name, tuple(results), reply[0])
+            for i, t in enumerate(self.tiers)
+        )  # fmt: skip
+        return gate, Decision(self.plan.name, results, reply.now_us)
+
+    def headers(self, reply: Reply, mode: HeaderMode) -> list[tuple[str, str]]:
+        """``rate_limit_headers`` of ``self.decision(reply)``, byte for byte, from the
+        reply and this route's precomputed texts (no ``Decision`` is made)."""
+        if not self.enforced or mode is HeaderMode.NONE:
+            return []
+        shown = reply.shown(self.shown_among)
+        remaining = str(max(0, reply.remaining(shown)))
+        reset_us = reply.reset_us(shown)
+        tier = shown - 1
+        if mode is HeaderMode.IETF:
+            headers: list[tuple[str, str]] = []
+        else:
+            headers = [
+                (LIMIT, self.limit_texts[tier]),
+                (REMAINING, remaining),
+                (RESET, str(-(-reset_us // US))),
+                (RESOURCE, self.names[tier]),
+            ]
+            if mode is HeaderMode.LEGACY:
+                return headers
+        reset_in = max(0, -(-(reset_us - reply.now_us) // US))  # seconds_until, inlined
+        headers.append((POLICY, self.policy))
+        headers.append((RATELIMIT, f"{self.labels[tier]};r={remaining};t={reset_in}"))
+        return headers
 
 
 def build_route(

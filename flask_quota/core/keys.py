@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
 from functools import lru_cache
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from .algorithms import Algorithm
 from .identity import client_ip
 
-__all__ = ["KeyBuilder", "escape", "remote_ip_tag"]
+__all__ = ["IDENTITY", "IP", "OWNER", "KeyBuilder", "Tag", "escape", "remote_ip_tag"]
 
 _MAX_PART = 128
 _SAFE = "._-~@=+"
@@ -38,6 +39,55 @@ def escape(part: str) -> str:
     return "%h" + hashlib.sha256(raw).hexdigest()
 
 
+# The kinds of tag, as their text begins: an anonymous caller's (or an address's global
+# tier), an identity's, and a ``key=`` bucket owner's.
+IP, IDENTITY, OWNER = "ip=", "id=", "k="
+_MAX_TAG = 300  # what a caller tag read back (a URL, usage records) may be at most
+
+
+@dataclass(frozen=True, slots=True)
+class Tag:
+    """A caller tag read back (from usage, a block's key, a URL): the one parser of the
+    format ``KeyBuilder`` writes. Building stays in ``KeyBuilder``, a plain string on
+    the request path."""
+
+    text: str
+
+    @staticmethod
+    def valid(text: str) -> bool:
+        """A caller's tag as the extension builds them: ``id=...`` or ``ip=...``."""
+        return text.startswith((IDENTITY, IP)) and len(IP) < len(text) <= _MAX_TAG
+
+    @property
+    def is_ip(self) -> bool:
+        return self.text.startswith(IP)
+
+    @property
+    def is_identity(self) -> bool:
+        return self.text.startswith(IDENTITY)
+
+    @property
+    def raw(self) -> str:
+        """The escaped part after ``kind=``."""
+        return self.text.partition("=")[2]
+
+    @property
+    def hashed(self) -> bool:
+        """True when the value is a digest (a long id): it cannot be read back."""
+        return self.raw.startswith("%h")
+
+    @property
+    def value(self) -> str:
+        """The address or identity id, unescaped (a digest stays as it is)."""
+        return unquote(self.raw)
+
+    @property
+    def client_id(self) -> str | None:
+        """The SQL client id an identity tag may name (``id=<digits>``)."""
+        raw = self.raw
+        return raw if self.is_identity and raw.isdigit() else None
+
+
 class KeyBuilder:
     """Storage keys of the three tiers; ``{tag}`` hash tags keep a caller in one Cluster slot."""
 
@@ -47,7 +97,7 @@ class KeyBuilder:
     @staticmethod
     def ip_tag(ip: str) -> str:
         """The tag of an anonymous caller or of an IP's global tier: ``ip=...``."""
-        return "ip=" + escape(ip)
+        return IP + escape(ip)
 
     @staticmethod
     def identity_tag(identity_id: str) -> str:
@@ -55,12 +105,12 @@ class KeyBuilder:
         # Distinct prefixes keep an identity named "ip=1.2.3.4" off that IP's budget.
         if len(identity_id) <= _CACHED_ID:
             return _identity_tag(identity_id)
-        return "id=" + escape(identity_id)
+        return IDENTITY + escape(identity_id)
 
     @staticmethod
     def key_tag(value: str) -> str:
         """The tag of a ``key=`` bucket (an organisation, a tenant): never an identity's or IP's."""
-        return "k=" + escape(value)
+        return OWNER + escape(value)
 
     def global_key(self, ip_tag: str, algorithm: Algorithm) -> str:
         """The global tier's key for an IP."""
@@ -100,7 +150,7 @@ _CACHED_ID = 64
 
 @lru_cache(maxsize=8192)
 def _identity_tag(identity_id: str) -> str:
-    return "id=" + escape(identity_id)
+    return IDENTITY + escape(identity_id)
 
 
 @lru_cache(maxsize=8192)

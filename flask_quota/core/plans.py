@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
+from . import validators
 from .algorithms import Algorithm, unfit
 from .rates import Rate, Rates, parse_rates
 from .tiers import Tier
@@ -22,8 +23,6 @@ __all__ = [
     "plan_config",
     "plans_config",
 ]
-
-_ALGORITHMS = ", ".join(repr(a.value) for a in Algorithm)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +136,8 @@ class PlanCatalog(Mapping[str, Plan]):
         return None
 
 
-# The seed's table (SPEC section 2), plus an ``ai_tokens`` budget metered after the fact.
+# The default plans (the README's plan table), plus an ``ai_tokens`` budget metered after
+# the fact.
 DEFAULT_PLANS: dict[str, dict[str, Any]] = {
     "free": {
         "global": "50/second",
@@ -262,11 +262,11 @@ def _limit_entry(value: Any, where: str) -> tuple[Rates, LimitMode]:
     algorithm = value.get("algorithm")
     if algorithm is not None:
         try:
-            algorithm = Algorithm(algorithm)
+            algorithm = validators.algorithm(algorithm)
         except ValueError:
             raise ValueError(
-                f"{where}['algorithm']={algorithm!r} is not an algorithm; use one of {_ALGORITHMS} "
-                "(or leave it out for QUOTA_ALGORITHM)"
+                f"{where}['algorithm']={algorithm!r} is not an algorithm; use one of "
+                f"{validators.ALGORITHM_NAMES} (or leave it out for QUOTA_ALGORITHM)"
             ) from None
         check_fit(rates, algorithm, where)
     shadow = value.get("shadow", False)

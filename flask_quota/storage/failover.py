@@ -5,29 +5,19 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
+from ..core.errors import QuotaUnavailable
+from ..core.reply import LocalReply, Reply
+from ..settings import FailMode
+from . import Check, MemoryStorage, Storage, StorageError, Verdict
+from .base import flat_decide, keyed
 from .breaker import Attempt, CircuitBreaker
-from .errors import QuotaUnavailable
-from .settings import FailMode
-from .storage import Check, MemoryStorage, Storage, StorageError, Verdict
-from .storage.base import Reply, flat_decide, flat_reply, keyed
-from .usage import UsageSink, usage_sink
 
-__all__ = ["GuardedStorage", "LocalVerdict"]
+__all__ = ["GuardedStorage"]
 
 log = logging.getLogger("flask_quota")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class LocalVerdict(Verdict):
-    """A verdict of the in-process fallback (fail mode ``local``), not of the storage.
-
-    Made only while the storage fails, so telling the two apart (for metrics)
-    costs nothing on the ordinary path.
-    """
 
 
 class GuardedStorage:
@@ -65,25 +55,10 @@ class GuardedStorage:
         """True while the breaker is open and the fail mode applies."""
         return self.breaker.is_open
 
-    def decide(self, checks: Sequence[Check]) -> Verdict | None:
-        """The verdict, or ``None`` for "fail open: no limit applies"."""
-        attempt = self.breaker.allow()
-        charge_locally = True
-        if attempt is not None:
-            try:
-                verdict = self.storage.decide(checks)
-            except Exception as exc:
-                self._count_failure(attempt, exc)
-                charge_locally = attempt.probe
-            else:
-                self.breaker.succeeded()
-                return verdict
-        local = self._failed(checks, charge_locally)
-        return None if local is None else LocalVerdict(local.now_us, local.outcomes, local.shadow)
-
     def decide_flat(self, checks: Sequence[Check], keys: Sequence[str]) -> Reply | None:
-        """``decide`` on ``keys`` (``checks``' own keys are ignored), as a flat ``Reply``:
-        the request path's form, with no object made per check."""
+        """The storage's reply for ``checks`` on ``keys`` (their own keys are ignored), or
+        ``None`` for "fail open: no limit applies"; a ``LocalReply`` when the in-process
+        fallback answered."""
         attempt = self.breaker.allow()
         charge_locally = True
         if attempt is not None:
@@ -96,7 +71,7 @@ class GuardedStorage:
                 self.breaker.succeeded()
                 return reply
         local = self._failed(keyed(checks, keys), charge_locally)
-        return None if local is None else flat_reply(local)
+        return None if local is None else LocalReply.of(local.now_us, local.allowed, local.outcomes)
 
     def _count_failure(self, attempt: Attempt, exc: Exception) -> None:
         """A storage call raised: count it towards the breaker, whatever it raised.
@@ -172,7 +147,3 @@ class GuardedStorage:
             return None
         self.breaker.succeeded()
         return result
-
-    def usage_sink(self, prefix: str) -> UsageSink:
-        """The guarded storage's usage sink."""
-        return usage_sink(self.storage, prefix)

@@ -8,13 +8,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .algorithms import Algorithm, Gate, Outcome, bucket_ceiling, unfit
+from .checks import Check, Verdict
 from .clock import seconds_until
-from .keys import KeyBuilder
+from .keys import KeyBuilder, Tag
 from .plans import ENFORCED, LimitMode, Plan
 from .rates import Rate, Rates
-from .storage import Check, Verdict
+from .reply import Reply
 from .tiers import Tier
-from .usage import SHADOW_DENIED, Mark
 
 __all__ = [
     "ANY_METHOD",
@@ -29,6 +29,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("flask_quota")
+
+# A tier's outcome as the dashboard's usage counts it: True allowed, False denied, or
+# SHADOW_DENIED for a shadow tier that would have denied.
+SHADOW_DENIED = "shadow_denied"
+Mark = bool | str
 
 # A gate has no rate, but a Check carries one; this constant one also keys the deny cache.
 _GATE_RATE = Rate(1, 1)
@@ -111,11 +116,19 @@ class Decision:
         """True when every enforced tier allowed the request."""
         return all(r.outcome.allowed or r.shadow for r in self.results)
 
+    def _pick(self, rule: Callable[[Reply, list[int]], int]) -> TierResult | None:
+        """The enforced result that ``Reply``'s rule ``rule`` picks (one home for it)."""
+        among = [i for i, r in enumerate(self.results) if not r.shadow]
+        if not among:
+            return None
+        reply = Reply.of(self.now_us, self.allowed, (r.outcome for r in self.results))
+        found = rule(reply, among)
+        return self.results[found] if found >= 0 else None
+
     @property
     def denied(self) -> TierResult | None:
         """The denying (enforced) tier that makes the caller wait longest."""
-        denied = [r for r in self.results if not r.outcome.allowed and not r.shadow]
-        return max(denied, key=lambda r: r.outcome.retry_after_us) if denied else None
+        return self._pick(Reply.denied)
 
     @property
     def shadow_denied(self) -> tuple[TierResult, ...]:
@@ -125,10 +138,12 @@ class Decision:
     @property
     def closest(self) -> TierResult | None:
         """The enforced tier nearest its limit: fewest remaining; ties go to the latest reset."""
-        enforced = self.enforced
-        if not enforced:
-            return None
-        return min(enforced, key=lambda r: (r.outcome.remaining, -r.outcome.reset_us))
+        return self._pick(Reply.closest)
+
+    @property
+    def shown(self) -> TierResult | None:
+        """The tier the rate-limit headers describe: ``denied``, else ``closest``."""
+        return self._pick(Reply.shown)
 
     def adjusted(self, delta: int, algorithm: Algorithm | Gate) -> Decision:
         """This decision with ``delta`` units more room on the endpoint tier (a refund
@@ -286,7 +301,7 @@ class Policy:
         only when the tag is an IP's. ``endpoints`` are (method, resource, spec);
         a limit with ``key=`` is not the caller's bucket and is left out.
         """
-        checks = self._caller_checks(plan, tag if tag.startswith("ip=") else None, tag, 0)
+        checks = self._caller_checks(plan, tag if Tag(tag).is_ip else None, tag, 0)
         for method, resource, spec in endpoints:
             if spec.key is None:
                 name = f"{resource} ({method})"

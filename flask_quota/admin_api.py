@@ -1,0 +1,80 @@
+"""The library as the operator's tools see it: the one door the dashboard uses.
+
+Everything the bundled dashboard needs beyond the public face (``flask_quota``)
+is named here, so it depends on these names and not on how the modules behind
+them are laid out.
+"""
+
+from __future__ import annotations
+
+from .admin import (
+    PLANS_READ_ONLY,
+    AdminError,
+    ChangeConflict,
+    PlanInfo,
+    PlansReadOnly,
+    QuotaAdmin,
+    parse_duration,
+)
+from .core.clock import US, seconds_until, wall_clock_us
+from .core.identity import client_ip
+from .core.keys import KeyBuilder, Tag
+from .core.policy import gate_check
+from .models import Client
+from .sql_store import TablesMissing, sql_reason
+from .state import QuotaState, exempt, get_state
+from .storage import Check, MemoryStorage, Storage, StorageError
+from .tools.blocks import block, list_blocks, unblock
+from .tools.inspection import (
+    BucketState,
+    Caller,
+    TierCheck,
+    caller_checks,
+    is_tag,
+    peek,
+    plan_of,
+    reset,
+)
+from .tools.usage import HOUR, SHADOW_DENIED, Mark, MinuteUsage
+
+__all__ = [
+    "HOUR",
+    "PLANS_READ_ONLY",
+    "SHADOW_DENIED",
+    "US",
+    "AdminError",
+    "BucketState",
+    "Caller",
+    "ChangeConflict",
+    "Check",
+    "Client",
+    "KeyBuilder",
+    "Mark",
+    "MemoryStorage",
+    "MinuteUsage",
+    "PlanInfo",
+    "PlansReadOnly",
+    "QuotaAdmin",
+    "QuotaState",
+    "Storage",
+    "StorageError",
+    "TablesMissing",
+    "Tag",
+    "TierCheck",
+    "block",
+    "caller_checks",
+    "client_ip",
+    "exempt",
+    "gate_check",
+    "get_state",
+    "is_tag",
+    "list_blocks",
+    "parse_duration",
+    "peek",
+    "plan_of",
+    "reset",
+    "seconds_until",
+    "sql_reason",
+    "unblock",
+    "wall_clock_us",
+]

@@ -1,0 +1,106 @@
+"""The storage's flat answer for one request, and the one place its layout is known.
+
+A decide call answers ``[now_us, all_allowed, then per check: allowed, remaining,
+reset_us, retry_us]`` (flags as 1/0): the decide script's own reply, so no object
+is made per check on the request path. Every reader goes through ``Reply``'s
+accessors; ``i`` counts the checks in the order they were asked (a route's block
+gate is check 0, its tiers follow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from .algorithms import Outcome
+
+__all__ = ["LocalReply", "Reply"]
+
+_HEAD = 2  # now_us, all_allowed
+_STRIDE = 4  # allowed, remaining, reset_us, retry_us
+
+
+class Reply(list[int]):
+    """A verdict as flat integers (see the module docstring)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, now_us: int, allowed: bool, outcomes: Iterable[Outcome]) -> Reply:
+        """The reply that says ``outcomes`` at ``now_us``."""
+        reply = cls((now_us, int(allowed)))
+        for o in outcomes:
+            reply += (int(o.allowed), o.remaining, o.reset_us, o.retry_after_us)
+        return reply
+
+    @property
+    def now_us(self) -> int:
+        return int(self[0])
+
+    @property
+    def all_allowed(self) -> bool:
+        """True when every enforced check allowed (a shadow denial does not deny)."""
+        return bool(self[1])
+
+    def deny_all(self) -> None:
+        """Mark the whole request denied (a check denied after this reply was begun)."""
+        self[1] = 0
+
+    @property
+    def checks(self) -> int:
+        """How many checks this reply answers."""
+        return (len(self) - _HEAD) // _STRIDE
+
+    def allowed(self, i: int) -> bool:
+        return bool(self[_HEAD + _STRIDE * i])
+
+    def remaining(self, i: int) -> int:
+        return int(self[_HEAD + _STRIDE * i + 1])
+
+    def reset_us(self, i: int) -> int:
+        return int(self[_HEAD + _STRIDE * i + 2])
+
+    def retry_us(self, i: int) -> int:
+        return int(self[_HEAD + _STRIDE * i + 3])
+
+    def outcome(self, i: int, limit: int) -> Outcome:
+        """Check ``i``'s outcome; the reply does not carry limits, the caller knows them."""
+        j = _HEAD + _STRIDE * i
+        return Outcome(bool(self[j]), limit, int(self[j + 1]), int(self[j + 2]), int(self[j + 3]))
+
+    def denied(self, among: Sequence[int]) -> int:
+        """Of the checks ``among``, the first denial with the longest wait; -1 if none."""
+        found, wait = -1, -1
+        for i in among:
+            j = _HEAD + _STRIDE * i
+            if not self[j] and self[j + 3] > wait:
+                found, wait = i, self[j + 3]
+        return found
+
+    def closest(self, among: Sequence[int]) -> int:
+        """Of the checks ``among`` (at least one), the first with the fewest remaining
+        and, among those, the latest reset."""
+        found = among[0]
+        j = _HEAD + _STRIDE * found
+        fewest, latest = self[j + 1], self[j + 2]
+        for i in among:
+            j = _HEAD + _STRIDE * i
+            left, reset = self[j + 1], self[j + 2]
+            if left < fewest or (left == fewest and reset > latest):
+                found, fewest, latest = i, left, reset
+        return found
+
+    def shown(self, among: Sequence[int]) -> int:
+        """The check the rate-limit headers describe: the denying one, else the closest
+        to its limit. The one rule for "which tier is shown"."""
+        if not self[1]:  # some check denied: look for it (shadow checks are not ``among``)
+            found = self.denied(among)
+            if found >= 0:
+                return found
+        return self.closest(among)
+
+
+class LocalReply(Reply):
+    """A reply of the in-process fallback (fail mode ``local``), not of the storage:
+    made only while the storage fails, so metrics can tell the two apart for free."""
+
+    __slots__ = ()

@@ -1,0 +1,1 @@
+"""Operator tools: inspection, blocks and the dashboard's usage counts."""
