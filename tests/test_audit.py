@@ -169,7 +169,7 @@ def test_an_operator_block_says_so_and_shows_only_a_public_reason(memory_app: Fl
         quota.block("amy", seconds=600, reason="card testing")
         [private] = quota.blocks()
         quota.unblock("amy")
-        from flask_quota import blocks
+        from flask_quota.tools import blocks
         from flask_quota.tools.inspection import Caller
 
         state = memory_app.extensions["quota"]

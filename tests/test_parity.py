@@ -14,7 +14,8 @@ import redis
 from flask import Blueprint, Flask, g, jsonify, request
 from flask.testing import FlaskClient
 
-from flask_quota import Quota, QuotaExceeded, signals, validators
+from flask_quota import Quota, QuotaExceeded, signals
+from flask_quota.core import validators
 from flask_quota.core.algorithms import Algorithm
 from flask_quota.core.policy import Decision
 from flask_quota.core.rates import parse_rate, parse_rates

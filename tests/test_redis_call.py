@@ -113,8 +113,8 @@ def test_threads_share_connections_and_count_exactly(own_redis: RedisServer) -> 
 
 FORKED = """
 import os, sys
-from flask_quota.algorithms import Algorithm
-from flask_quota.rates import parse_rate
+from flask_quota.core.algorithms import Algorithm
+from flask_quota.core.rates import parse_rate
 from flask_quota.storage import Check
 from flask_quota.storage.redis import RedisStorage
 from flask_quota.testing import FrozenClock

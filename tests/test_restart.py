@@ -132,8 +132,8 @@ def test_reconnects_never_use_up_a_bounded_pool(own_redis: RedisServer) -> None:
     """With ?max_connections=2 in the URL, connections the server keeps closing are
     reconnected, never replaced by new ones that count against the pool's bound: after
     ten rounds of CLIENT KILL every call still works."""
-    from flask_quota.algorithms import Algorithm
-    from flask_quota.rates import parse_rate
+    from flask_quota.core.algorithms import Algorithm
+    from flask_quota.core.rates import parse_rate
     from flask_quota.storage import Check
     from flask_quota.storage.redis import RedisStorage
 
