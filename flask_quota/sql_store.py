@@ -492,6 +492,9 @@ class SqlStore:
                             )
                         metadata.create_all(conn)
                         _stamp(conn)
+                    elif self.owns_engine and _unfinished(conn):
+                        metadata.create_all(conn)  # only the missing tables (checkfirst)
+                        _stamp(conn)
                 with Session(self.engine) as session, session.begin():
                     self._seed(session)
                 break
@@ -890,6 +893,21 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
         cursor.execute("PRAGMA foreign_keys=ON")
     finally:
         cursor.close()
+
+
+def _unfinished(conn: Any) -> bool:
+    """A fresh setup cut short: some tables and no revision stamp yet.
+
+    SQLite runs DDL outside the transaction, so a worker whose creation failed part way
+    (a racer held the write lock) leaves the first tables behind; the stamp comes last.
+    A stamped database with a table missing is a migration's business, not ours.
+    """
+    names = set(inspect(conn).get_table_names())
+    if set(metadata.tables) <= names:
+        return False
+    if VERSION_TABLE not in names:
+        return True
+    return conn.scalar(text(f"SELECT COUNT(*) FROM {VERSION_TABLE}")) == 0
 
 
 def _stamp(conn: Any) -> None:

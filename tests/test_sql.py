@@ -311,3 +311,22 @@ def test_malformed_rates_are_refused_on_write() -> None:
     with pytest.raises(ValueError, match="resource"):
         PlanLimit(tier="endpoint", resource="", rate="5/minute")
     assert PlanLimit(tier="user", resource="", rate="10 per minute").rate == "10/minute"
+
+
+def test_a_setup_cut_short_is_completed_by_the_next_process(
+    apps: Callable[..., Flask], database_url: str
+) -> None:
+    """SQLite runs DDL outside the transaction: a worker whose table creation failed part
+    way (a racer's write lock) leaves some tables and no revision stamp. The next attempt
+    creates the rest instead of taking the first table for a finished setup (CI saw
+    "no such table: quota_overrides" from the CLI)."""
+    engine = create_engine(database_url)
+    first = sorted(metadata.sorted_tables, key=lambda t: t.name != "quota_meta")[:2]
+    metadata.create_all(engine, tables=first)
+    app = apps(database_url)
+    assert sql_store(app).wait_loaded(10)
+    assert {t for t in inspect(engine).get_table_names() if t.startswith("quota_")} >= set(
+        metadata.tables
+    )
+    assert [p.name for p in admin(app).plans()] == ["free", "pro"]
+    engine.dispose()
