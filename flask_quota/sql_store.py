@@ -907,7 +907,7 @@ def _unfinished(conn: Any) -> bool:
         return False
     if VERSION_TABLE not in names:
         return True
-    return conn.scalar(text(f"SELECT COUNT(*) FROM {VERSION_TABLE}")) == 0
+    return bool(conn.scalar(text(f"SELECT COUNT(*) FROM {VERSION_TABLE}")) == 0)
 
 
 def _stamp(conn: Any) -> None:
