@@ -33,7 +33,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from werkzeug.security import generate_password_hash
 
 from flask_quota import Quota
-from flask_quota.admin import AdminError, QuotaAdmin
+from flask_quota.sql.admin import AdminError, QuotaAdmin
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 

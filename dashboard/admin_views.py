@@ -1,6 +1,6 @@
 """Dashboard pages that change quotas: plans, clients, overrides, and the audit log.
 
-Every change goes through ``flask_quota.admin.QuotaAdmin``: validated before
+Every change goes through ``flask_quota.sql.admin.QuotaAdmin``: validated before
 anything is written, audited with the operator's name, and propagated to all
 workers by the SQL store's version poll. Bad input re-renders the form with
 the message and a 400; nothing is saved. A database that fails answers 503 (409

@@ -7,7 +7,11 @@ them are laid out.
 
 from __future__ import annotations
 
-from .admin import (
+from .core.clock import US, seconds_until, wall_clock_us
+from .core.identity import client_ip
+from .core.keys import KeyBuilder, Tag
+from .core.policy import gate_check
+from .sql.admin import (
     PLANS_READ_ONLY,
     AdminError,
     ChangeConflict,
@@ -16,12 +20,8 @@ from .admin import (
     QuotaAdmin,
     parse_duration,
 )
-from .core.clock import US, seconds_until, wall_clock_us
-from .core.identity import client_ip
-from .core.keys import KeyBuilder, Tag
-from .core.policy import gate_check
-from .models import Client
-from .sql_store import TablesMissing, sql_reason
+from .sql.errors import TablesMissing, sql_reason
+from .sql.models import Client
 from .state import QuotaState, exempt, get_state
 from .storage import Check, MemoryStorage, Storage, StorageError
 from .tools.blocks import block, list_blocks, unblock

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from blinker import NamedSignal
 from flask import Blueprint, Flask, Request, Response, current_app, g, request
 
-from . import plansync, signals
+from . import signals
 from .cli import quota_cli
 from .core import validators
 from .core.enforcer import Decided, Enforcer, Facts, limit_hooks
@@ -25,7 +25,9 @@ from .core.keys import KeyBuilder, remote_ip_tag
 from .core.policy import Decision, LimitSpec, Policy
 from .core.rates import Rate, Rates, parse_rates
 from .settings import DEFAULTS, Settings, reference
-from .sql_store import KeysUnavailable, SqlStore
+from .sql import plansync
+from .sql.errors import KeysUnavailable
+from .sql.store import SqlStore
 from .state import LIMIT_ATTR, QuotaState, exempt, get_state, limit_of
 from .storage import Storage, storage_from_url
 from .storage.breaker import CircuitBreaker

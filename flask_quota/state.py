@@ -20,7 +20,7 @@ from .core.plans import Plan, PlanCatalog
 from .core.policy import LimitSpec, Policy
 from .core.route import Route
 from .settings import Settings
-from .sql_store import SqlStore
+from .sql.store import SqlStore
 from .storage import Storage
 from .storage.failover import GuardedStorage
 from .tools.usage import UsageRecorder

@@ -19,8 +19,8 @@ from typing import Any
 from alembic import context
 from flask import current_app
 
-from flask_quota.dbcli import include_name, migration_metadata, quota_engine
-from flask_quota.sql_store import VERSION_TABLE
+from flask_quota.sql.migrate import include_name, migration_metadata, quota_engine
+from flask_quota.sql.schema import VERSION_TABLE
 
 config = context.config
 if config.config_file_name is not None:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from playwright.sync_api import BrowserContext, sync_playwright  # noqa: E402
 
-from flask_quota.admin import QuotaAdmin  # noqa: E402
+from flask_quota.sql.admin import QuotaAdmin  # noqa: E402
 from tests.apps.dashboard_demo import serving  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"

@@ -24,7 +24,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import OperationalError
 
-from flask_quota.sql_store import SqlStore
+from flask_quota.sql.store import SqlStore
 
 __all__ = [
     "DATABASES",

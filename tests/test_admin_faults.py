@@ -17,9 +17,9 @@ from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.orm import Session
 
 from flask_quota import Quota
-from flask_quota.admin import AdminError, QuotaAdmin
-from flask_quota.models import Client, PlanLimit, PlanRecord
-from flask_quota.sql_store import DEFAULT_DATABASE_FILE, SqlStore
+from flask_quota.sql.admin import AdminError, QuotaAdmin
+from flask_quota.sql.models import Client, PlanLimit, PlanRecord
+from flask_quota.sql.store import DEFAULT_DATABASE_FILE, SqlStore
 from flask_quota.storage import MemoryStorage, StorageError
 from tests.servers import RedisServer
 from tests.sqldb import DATABASES, database, sql_store
@@ -294,7 +294,7 @@ def test_a_database_error_on_an_identity_page_answers_503(ops_app: Flask, tmp_pa
     http = ops_app.test_client()
     token = csrf_from(http, "/quota/plans")
     with ops_app.app_context():
-        from flask_quota.admin import QuotaAdmin
+        from flask_quota.sql.admin import QuotaAdmin
 
         client, _ = QuotaAdmin(ops_app.extensions["quota"].sql, actor="t").create_client(
             "acme", "free"

@@ -12,10 +12,10 @@ import pytest
 from flask import Flask, request
 
 from flask_quota import Identity, Quota
-from flask_quota.admin import QuotaAdmin
 from flask_quota.core.algorithms import Outcome
 from flask_quota.core.errors import CallerBlocked
 from flask_quota.core.policy import Decision
+from flask_quota.sql.admin import QuotaAdmin
 from flask_quota.storage import StorageError
 from flask_quota.testing import MemoryStorage
 from flask_quota.tools.blocks import caller_facing

@@ -11,8 +11,8 @@ from flask import Flask, request
 from flask.testing import FlaskClient
 
 from flask_quota import Identity, Quota
-from flask_quota.admin import QuotaAdmin
 from flask_quota.settings import DEFAULTS, Settings
+from flask_quota.sql.admin import QuotaAdmin
 from flask_quota.storage import MemoryStorage
 from flask_quota.storage.denycache import DenyCache
 from flask_quota.testing import FrozenClock

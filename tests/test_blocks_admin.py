@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from flask import Flask
 
-from flask_quota.admin import QuotaAdmin
+from flask_quota.sql.admin import QuotaAdmin
 from flask_quota.storage import storage_from_url
 from tests.servers import RedisServer
 from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app

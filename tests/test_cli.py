@@ -16,7 +16,7 @@ from flask import Flask
 from flask.testing import FlaskCliRunner
 
 from flask_quota import Quota
-from flask_quota.admin import QuotaAdmin
+from flask_quota.sql.admin import QuotaAdmin
 from tests.servers import ROOT, RedisServer
 from tests.sqldb import DATABASES, database, sql_store
 

@@ -15,7 +15,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from flask_quota.admin import QuotaAdmin
+from flask_quota.sql.admin import QuotaAdmin
 from tests.servers import RedisServer
 from tests.test_dashboard_outage import OPS, redis_app, traffic_then_login
 

@@ -11,7 +11,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from dashboard.data import duration_text
-from flask_quota.admin import QuotaAdmin
+from flask_quota.sql.admin import QuotaAdmin
 from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app, flush
 
 

@@ -14,8 +14,8 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from flask_quota.admin import QuotaAdmin
 from flask_quota.settings import reference
+from flask_quota.sql.admin import QuotaAdmin
 from tests.test_dashboard import HASH, OPS, dashboard_app
 from tests.test_dashboard_admin import cell, post
 

@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from flask_quota import Quota
-from flask_quota.admin import QuotaAdmin
+from flask_quota.sql.admin import QuotaAdmin
 from flask_quota.testing import MemoryStorage
 from tests.sqldb import database, sql_store
 from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app

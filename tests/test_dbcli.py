@@ -24,8 +24,8 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import create_engine, inspect, text
 
 from flask_quota import Quota
-from flask_quota.models import SCHEMA_REVISION, metadata
-from flask_quota.sql_store import VERSION_TABLE
+from flask_quota.sql.models import SCHEMA_REVISION, metadata
+from flask_quota.sql.schema import VERSION_TABLE
 from tests.sqldb import DATABASES, database
 
 QUOTA_TABLES = set(metadata.tables)

@@ -16,8 +16,8 @@ from flask import Flask
 from sqlalchemy import event
 
 from flask_quota import Quota
-from flask_quota.admin import ChangeConflict, QuotaAdmin, StaleEdit
 from flask_quota.dashboard import admin_views
+from flask_quota.sql.admin import ChangeConflict, QuotaAdmin, StaleEdit
 from flask_quota.testing import MemoryStorage
 from tests.sqldb import DATABASES, database, sql_store
 

@@ -14,7 +14,7 @@ import pytest
 from flask import Flask
 
 from flask_quota import Quota
-from flask_quota.admin import AdminError, QuotaAdmin
+from flask_quota.sql.admin import AdminError, QuotaAdmin
 
 
 def admin_app(app: Flask, tmp_path: Path, **config: object) -> QuotaAdmin:

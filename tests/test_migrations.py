@@ -20,8 +20,8 @@ from flask_migrate import Migrate, upgrade
 from sqlalchemy import create_engine, inspect, text
 
 from flask_quota import Quota
-from flask_quota.models import SCHEMA_REVISION, metadata
-from flask_quota.sql_store import VERSION_TABLE
+from flask_quota.sql.models import SCHEMA_REVISION, metadata
+from flask_quota.sql.schema import VERSION_TABLE
 from tests.servers import ROOT
 from tests.sqldb import DATABASES, database
 

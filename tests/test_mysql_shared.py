@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, func, select, text
 
-from flask_quota.models import SCHEMA_REVISION, PlanRecord, QuotaMeta
-from flask_quota.sql_store import VERSION_TABLE
+from flask_quota.sql.models import SCHEMA_REVISION, PlanRecord, QuotaMeta
+from flask_quota.sql.schema import VERSION_TABLE
 from tests.servers import ROOT, Gunicorn
 from tests.sqldb import DATABASES, database
 from tests.test_sql_gunicorn import flask_quota, probe

@@ -14,9 +14,9 @@ from flask import Flask
 from sqlalchemy import create_engine, text
 
 from flask_quota import Quota
-from flask_quota.admin import AdminError, QuotaAdmin
 from flask_quota.core.validators import plan_name
-from flask_quota.plansync import sql_plans
+from flask_quota.sql.admin import AdminError, QuotaAdmin
+from flask_quota.sql.plansync import sql_plans
 from flask_quota.testing import MemoryStorage
 from tests.sqldb import sql_store
 from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app

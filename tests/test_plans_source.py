@@ -12,9 +12,9 @@ import pytest
 from flask import Flask
 
 from flask_quota import Quota
-from flask_quota.admin import QuotaAdmin
 from flask_quota.core.plans import plans_config
-from flask_quota.plansync import sql_plans
+from flask_quota.sql.admin import QuotaAdmin
+from flask_quota.sql.plansync import sql_plans
 from flask_quota.testing import MemoryStorage
 from tests.test_dashboard import HASH, OPS, csrf_from
 

@@ -17,14 +17,15 @@ from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import create_engine, event, inspect, select
 
 from flask_quota import Quota
-from flask_quota.admin import QuotaAdmin
-from flask_quota.apikeys import PREFIX_LENGTH
 from flask_quota.core.plans import Plan
 from flask_quota.core.rates import parse_rate, parse_rates
 from flask_quota.core.tiers import Tier
-from flask_quota.models import Client, PlanLimit, metadata
-from flask_quota.snapshot import OverrideRule, SqlCatalog
-from flask_quota.sql_store import DEFAULT_DATABASE_FILE, TablesMissing
+from flask_quota.sql.admin import QuotaAdmin
+from flask_quota.sql.apikeys import PREFIX_LENGTH
+from flask_quota.sql.errors import TablesMissing
+from flask_quota.sql.models import Client, PlanLimit, metadata
+from flask_quota.sql.snapshot import OverrideRule, SqlCatalog
+from flask_quota.sql.store import DEFAULT_DATABASE_FILE
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock
 from tests.sqldb import DATABASES, database, sql_store

@@ -17,8 +17,8 @@ from flask import Flask
 from sqlalchemy import create_engine, update
 
 from flask_quota import Quota
-from flask_quota.admin import QuotaAdmin
-from flask_quota.models import Client, QuotaMeta, utcnow
+from flask_quota.sql.admin import QuotaAdmin
+from flask_quota.sql.models import Client, QuotaMeta, utcnow
 from flask_quota.storage import MemoryStorage
 from tests.sqldb import postgres_database, sql_store
 from tests.sqlfaults import HungDatabase, Proxy

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, select
 
-from flask_quota.models import AuditEntry
+from flask_quota.sql.models import AuditEntry
 from tests.servers import ROOT, Gunicorn, RedisServer
 from tests.sqldb import DATABASES, database
 

@@ -16,8 +16,8 @@ from flask import Flask
 from sqlalchemy import create_engine, inspect
 
 from flask_quota import Quota
-from flask_quota.admin import QuotaAdmin
-from flask_quota.sql_store import DEFAULT_DATABASE_FILE
+from flask_quota.sql.admin import QuotaAdmin
+from flask_quota.sql.store import DEFAULT_DATABASE_FILE
 from flask_quota.storage import MemoryStorage
 from tests.sqldb import sql_store
 

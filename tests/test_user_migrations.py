@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import MetaData, create_engine, inspect
 
-from flask_quota.models import copy_tables, metadata
-from flask_quota.sql_store import VERSION_TABLE
+from flask_quota.sql.models import copy_tables, metadata
+from flask_quota.sql.schema import VERSION_TABLE
 from tests.servers import ROOT
 from tests.sqldb import DATABASES, database
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from flask_quota.models import metadata
-from flask_quota.sql_store import VERSION_TABLE
+from flask_quota.sql.models import metadata
+from flask_quota.sql.schema import VERSION_TABLE
 from tests.servers import ROOT, free_port, wait_for_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -23,7 +23,6 @@ import json
 import time
 from dataclasses import dataclass
 
-from ..admin import QuotaAdmin
 from ..core.algorithms import Outcome
 from ..core.clock import US, ceil_seconds
 from ..core.errors import CallerBlocked
@@ -31,6 +30,7 @@ from ..core.keys import KeyBuilder, Tag
 from ..core.policy import Decision, gate_check
 from ..core.validators import is_count
 from ..settings import Settings
+from ..sql.admin import QuotaAdmin
 from ..state import QuotaState
 from ..storage import Check, Storage
 from ..storage.denycache import DenyCache

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 from flask import Flask
 
-from ..admin import QuotaAdmin
 from ..core.clock import seconds_until
 from ..core.identity import client_ip
 from ..core.keys import KeyBuilder, Tag
 from ..core.plans import Plan, PlanCatalog
 from ..core.policy import TierCheck
+from ..sql.admin import QuotaAdmin
 from ..state import QuotaState, limited_endpoints
 
 __all__ = [

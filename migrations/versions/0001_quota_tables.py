@@ -4,7 +4,7 @@ Revision ID: 0001_quota_tables
 Revises:
 Create Date: 2026-11-30 04:39:01.314697
 
-Keep flask_quota.models.SCHEMA_REVISION equal to the newest revision here: the
+Keep flask_quota.sql.models.SCHEMA_REVISION equal to the newest revision here: the
 extension stamps it when it creates the tables itself.
 """
 from alembic import op

@@ -22,13 +22,14 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import selectinload
 
+from ..core import validators
+from ..core.plans import Plan, catalog_from_config, plans_config
+from ..core.tiers import Tier
+from ..settings import PlansSource
 from .admin import AdminError, QuotaAdmin
-from .core import validators
-from .core.plans import Plan, catalog_from_config, plans_config
-from .core.tiers import Tier
+from .mapping import plan_from_record, plan_limits
 from .models import PlanRecord
-from .settings import PlansSource
-from .sql_store import SqlStore, plan_from_record, plan_limits
+from .store import SqlStore
 
 __all__ = ["CONFIG_ACTOR", "at_start", "drift", "export_plans", "import_plans", "sql_plans"]
 

@@ -20,7 +20,7 @@ When the sync starts (``autostart``, called by ``init_app``):
   process's dashboard), and then starts the sync.
 
 A database in trouble never reaches requests. Every call of our own engine is
-bounded (connect, statement and pool timeouts, TCP keepalives). The sync runs each
+bounded (connect, statement and pool timeouts, TCP keepalives: ``engine``). The sync runs each
 attempt in a thread of its own and watches it, so a database that hangs is noticed
 and logged like one that fails, once per change of state; ``health()`` tells how
 old the served snapshot is. Before the first load, requests get the configured
@@ -31,141 +31,45 @@ for the first load, and at most until that second is over.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
-import random
 import threading
 import time
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 from flask import Flask, has_app_context
-from sqlalchemy import (
-    Column,
-    Engine,
-    MetaData,
-    PrimaryKeyConstraint,
-    String,
-    Table,
-    create_engine,
-    event,
-    func,
-    inspect,
-    select,
-    text,
-    update,
-)
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy import Engine, select, update
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as SqlTimeout
 from sqlalchemy.orm import Session, selectinload
-from sqlalchemy.pool import StaticPool
 
-from .core import validators
-from .core.algorithms import Algorithm
-from .core.identity import Identity
-from .core.plans import LimitMode, Plan, PlanCatalog
-from .core.rates import Rates, parse_rates
-from .core.tiers import Tier
-from .models import (
-    SCHEMA_REVISION,
-    Client,
-    Override,
-    PlanLimit,
-    PlanRecord,
-    QuotaMeta,
-    copy_tables,
-    metadata,
-)
-from .settings import Settings
+from ..core import validators
+from ..core.identity import Identity
+from ..core.plans import PlanCatalog
+from ..settings import Settings
+from . import schema
+from .engine import CONNECT_TIMEOUT, local_database_warning, own_engine, sqlite_write_lock
+from .errors import KeysUnavailable, one_line
+from .mapping import key_entry, override_rule, plan_from_record
+from .models import Client, Override, PlanRecord, QuotaMeta, copy_tables
 from .snapshot import KeyEntry, OverrideRule, SqlCatalog
-from .storage.url import SCHEMES
+from .sync import FIRST_LOAD_GRACE, STALE_AFTER, Sync, SyncHealth, supervise
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
 
-__all__ = [
-    "DEFAULT_DATABASE_FILE",
-    "STALE_AFTER",
-    "VERSION_TABLE",
-    "KeysUnavailable",
-    "SqlStore",
-    "SyncHealth",
-    "TablesMissing",
-    "local_database_warning",
-]
+__all__ = ["DEFAULT_DATABASE_FILE", "SqlStore"]
 
 log = logging.getLogger("flask_quota")
 
 DEFAULT_DATABASE_FILE = "flask_quota.sqlite3"
-# Our own Alembic version table, so that a host's ``alembic_version`` is never touched.
-VERSION_TABLE = "quota_alembic_version"
-_INIT_LOCK_ID = 0x71756F7461  # "quota": pg_advisory_xact_lock key for first-time setup
-# MySQL GET_LOCK name for the same, + a hash of the database's name: lock names stop
-# at 64 characters, database names may use all 64.
-_INIT_LOCK_NAME = "flask_quota_setup:"
-
-STALE_AFTER = 5.0  # seconds without a confirmed sync before the snapshot counts as stale
-# API-key requests arriving this soon after the sync started wait (at most that long)
-# for the first load, so a healthy database verifies keys from the very first request.
-FIRST_LOAD_GRACE = 1.0
-# Bounds of our own engine's calls (the host's engine, with db=, is the host's to tune),
-# kept to a few seconds: a dashboard page waiting on the database holds an app worker.
-CONNECT_TIMEOUT = 3  # seconds, libpq's and PyMySQL's connect_timeout
-STATEMENT_TIMEOUT_MS = 5000  # PostgreSQL statement_timeout (PyMySQL: read/write timeouts 3 s)
-# Operator calls (QuotaAdmin) get less, per transaction, on any PostgreSQL engine.
-ADMIN_STATEMENT_TIMEOUT_MS = 2000
-MYSQL_LOCK_WAIT = 2  # seconds, innodb_lock_wait_timeout (InnoDB's default is 50)
-POOL_TIMEOUT = 2.0  # seconds to wait for a pooled connection
-SQLITE_BUSY_TIMEOUT = 3.0  # seconds a SQLite writer waits for another's lock
-# Counters in these are shared between servers (a unix socket is one server's Redis).
-_SHARED_COUNTERS = ("redis", "rediss", "redis+sentinel", "redis+cluster")
-
-
-class TablesMissing(RuntimeError):
-    """The host's database has no quota tables yet."""
-
-
-class KeysUnavailable(RuntimeError):
-    """An API key cannot be checked now: no snapshot of the clients has loaded yet.
-
-    The extension then serves the request as anonymous, and never refuses it with
-    401 (``QUOTA_REJECT_UNKNOWN_KEYS``): the key may well be a paying client's.
-    """
-
-
-@dataclass(frozen=True)
-class SyncHealth:
-    """How current this process's copy of the quota tables is (``SqlStore.health()``)."""
-
-    started: bool  # the sync runs in this process
-    loaded: bool  # a snapshot from the database is served (else: the configured plans)
-    age: float | None  # seconds since it was last confirmed current (or since start)
-    stale: bool  # age beyond STALE_AFTER: changes made since may not apply here
-    stale_events: int  # how often it went stale in this process
-    error: str | None  # why the last sync attempt failed, while they fail
-
-
-class _Sync:
-    """One process's sync thread and what it has observed (reset at fork)."""
-
-    def __init__(self) -> None:
-        self.started_at = time.monotonic()
-        self.error: str | None = None
-        self.first_done = threading.Event()  # the first attempt ended, well or not
-        self.stop = threading.Event()
-        self.failing = False  # as last logged
-        self.stale = False  # as last logged
-        self.stale_events = 0
-        self.thread: threading.Thread | None = None  # the supervisor
-        self.attempt: threading.Thread | None = None  # the attempt it watches
 
 
 class SqlStore:
@@ -205,7 +109,7 @@ class SqlStore:
         self._current: SqlCatalog | None = None  # served while this process's sync runs
         self._last: SqlCatalog | None = None  # the newest snapshot loaded (kept at fork)
         self._fresh_at: float | None = None  # monotonic time it was last confirmed current
-        self._sync: _Sync | None = None
+        self._sync: Sync | None = None
         self._ready = False
         self._ready_failures = 0  # failed table setups in this process, and the last one's error
         self._ready_error: BaseException | None = None
@@ -235,7 +139,7 @@ class SqlStore:
 
     def _make_engine(self) -> Engine:
         if self._db is None:
-            return _own_engine(self.url)
+            return own_engine(self.url)
         app = self._app() if self._app is not None else None
         if app is None or has_app_context():
             return self._db.engine
@@ -274,9 +178,9 @@ class SqlStore:
                 )
                 if warning is not None:
                     log.warning(warning)
-            sync = _Sync()
+            sync = Sync()
             sync.thread = threading.Thread(
-                target=_supervise,
+                target=supervise,
                 args=(weakref.ref(self), sync, self.settings.sync_interval),
                 name="flask-quota-sync",
                 daemon=True,
@@ -364,11 +268,11 @@ class SqlStore:
             sync.first_done.wait(timeout)
         return self._last is not None
 
-    def _age(self, sync: _Sync) -> float:
+    def _age(self, sync: Sync) -> float:
         fresh = self._fresh_at
         return time.monotonic() - (fresh if fresh is not None else sync.started_at)
 
-    def _attempt(self, sync: _Sync) -> None:
+    def _attempt(self, sync: Sync) -> None:
         """One sync attempt, in a thread of its own (it may hang on a hung database)."""
         began = time.monotonic()
         try:
@@ -377,14 +281,14 @@ class SqlStore:
             self.ensure_ready()
             self.refresh()
         except Exception as exc:  # the supervisor logs it; requests keep the snapshot
-            sync.error = _one_line(exc)
+            sync.error = one_line(exc)
         else:
             sync.error = None
             self._fresh_at = began
         finally:
             sync.first_done.set()
 
-    def _observe(self, sync: _Sync, running_for: float) -> None:
+    def _observe(self, sync: Sync, running_for: float) -> None:
         """Log changes of state, once each (called by the supervisor every interval)."""
         problem = sync.error
         if problem is None and running_for > STALE_AFTER:
@@ -467,7 +371,7 @@ class SqlStore:
                 try:
                     listener()
                 except Exception as exc:
-                    log.error("flask-quota: start-up plan check failed: %s", _one_line(exc))
+                    log.error("flask-quota: start-up plan check failed: %s", one_line(exc))
 
     def on_ready(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` once in this process, when the tables are first ready
@@ -475,43 +379,9 @@ class SqlStore:
         self._ready_listeners.append(listener)
 
     def _create_and_seed(self) -> None:
-        began = time.monotonic()
-        for attempt in range(5):
-            try:
-                with _mysql_setup_lock(self.engine), self.engine.begin() as conn:
-                    if conn.dialect.name == "postgresql":
-                        conn.execute(
-                            text("SELECT pg_advisory_xact_lock(:id)"), {"id": _INIT_LOCK_ID}
-                        )
-                    if not inspect(conn).has_table(QuotaMeta.__tablename__):
-                        if not self.owns_engine:
-                            raise TablesMissing(
-                                "flask-quota's tables are missing from the database of "
-                                "Quota(app, db=db): run `flask db migrate -m 'quota tables'` "
-                                "and `flask db upgrade` (or call db.create_all())"
-                            )
-                        metadata.create_all(conn)
-                        _stamp(conn)
-                    elif self.owns_engine and _unfinished(conn):
-                        metadata.create_all(conn)  # only the missing tables (checkfirst)
-                        _stamp(conn)
-                with Session(self.engine) as session, session.begin():
-                    self._seed(session)
-                break
-            except DBAPIError:
-                if attempt == 4 or time.monotonic() - began > 1.0:
-                    raise
-                time.sleep(0.05 * (attempt + 1) + random.random() * 0.05)
+        schema.create_and_seed(self.engine, owns_engine=self.owns_engine, plans=self.settings.plans)
         self._ready = True
         self._wanted = True  # the tables exist now: requests of this process may use them
-
-    def _seed(self, session: Session) -> None:
-        if session.scalar(select(func.count()).select_from(PlanRecord)) == 0:
-            seed = self.settings.plans  # QUOTA_PLANS, or DEFAULT_PLANS
-            for position, name in enumerate(seed):
-                session.add(plan_record(seed[name], position))
-        if session.get(QuotaMeta, 1) is None:
-            session.add(QuotaMeta(id=1, version=1))
 
     # -- reading ------------------------------------------------------------
 
@@ -540,13 +410,13 @@ class SqlStore:
                 .where(Client.revoked_at.is_(None))
             ).all()
             for client_id, prefix, salt, digest, plan_name in live:
-                keys[prefix].append(KeyEntry(str(client_id), plan_name, salt, digest))
+                keys[prefix].append(key_entry(client_id, plan_name, salt, digest))
                 clients[str(client_id)] = plan_name
             overrides: dict[str, list[OverrideRule]] = defaultdict(list)
             for row in session.scalars(
                 select(Override).join(Client).where(Client.revoked_at.is_(None))
             ):
-                rule = _rule(row)
+                rule = override_rule(row)
                 if rule is not None and rule.live(time.time()):
                     overrides[str(row.client_id)].append(rule)
         if not plans:
@@ -615,7 +485,7 @@ class SqlStore:
         """
         self.ensure_ready()
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
-            _sqlite_write_lock(session)
+            sqlite_write_lock(session)
             yield session
             session.flush()
             session.execute(
@@ -628,7 +498,7 @@ class SqlStore:
                 log.warning(
                     "flask-quota: change saved, but reloading it failed (%s); "
                     "it applies at the next sync",
-                    _one_line(exc),
+                    one_line(exc),
                 )
 
     def bump(self) -> None:
@@ -683,312 +553,8 @@ class SqlStore:
             self._engine.dispose(close=False)
 
 
-def local_database_warning(storage_url: str, database_url: str | None) -> str | None:
-    """The start-up warning for counters shared between servers (Redis) beside a quota
-    database local to this server (SQLite), or ``None``. ``database_url`` is ``None``
-    for the host's database (``db=``), which is the host's choice."""
-    scheme = SCHEMES.get(storage_url.split("://", 1)[0].strip().lower())
-    if scheme not in _SHARED_COUNTERS or database_url is None:
-        return None
-    url = make_url(database_url)
-    if url.get_backend_name() != "sqlite":
-        return None
-    where = url.database or "in memory"
-    return (
-        f"flask-quota: QUOTA_STORAGE_URL shares counters between servers, but plans, clients "
-        f"and overrides are in the local SQLite database {where}: a change made on one "
-        "server is not seen by the others. Set QUOTA_DATABASE_URL to a database every "
-        "server reaches (e.g. postgresql+psycopg2://...) or pass Quota(app, db=db)."
-    )
-
-
-# -- plans <-> rows ---------------------------------------------------------
-
-
-def plan_record(plan: Plan, position: int) -> PlanRecord:
-    """Rows for a configured plan (used to seed an empty plan table)."""
-    record = PlanRecord(
-        name=plan.name, description=plan.description, upgrade_hint=plan.upgrade, position=position
-    )
-    record.limits.extend(limit_rows(plan))
-    return record
-
-
-def limit_rows(plan: Plan) -> list[PlanLimit]:
-    """New ``PlanLimit`` rows for every limit of ``plan``, with algorithm and shadow."""
-    rows = []
-    for tier, resource, rates in plan_limits(plan):
-        mode = plan.mode_for(tier, resource)
-        algorithm = mode.algorithm.value if mode.algorithm is not None else None
-        rows.append(
-            PlanLimit(
-                tier=tier.value,
-                resource=resource,
-                rate=str(rates),
-                algorithm=algorithm,
-                shadow=mode.shadow,
-            )
-        )
-    return rows
-
-
-def plan_limits(plan: Plan) -> list[tuple[Tier, str, Rates]]:
-    """(tier, resource or "", rates) of every limit of ``plan``."""
-    limits = [(Tier.GLOBAL, "", plan.global_rate), (Tier.USER, "", plan.user_rate)]
-    limits += [(Tier.ENDPOINT, resource, rates) for resource, rates in plan.resources.items()]
-    return [(tier, resource, rates) for tier, resource, rates in limits if rates is not None]
-
-
-def plan_from_record(record: PlanRecord) -> Plan:
-    """The ``Plan`` a row and its limits describe (with each limit's algorithm and shadow)."""
-    rates: dict[tuple[str, str], Rates] = {}
-    modes: dict[tuple[str, str], LimitMode] = {}
-    for limit in record.limits:
-        where = f"plan {record.name!r} {limit.tier} {limit.resource}"
-        rate = _parse_stored(limit.rate, where)
-        if rate is None:
-            continue
-        rates[(limit.tier, limit.resource)] = rate
-        mode = LimitMode(_stored_algorithm(limit.algorithm, where), bool(limit.shadow))
-        if not mode.default:
-            modes[(limit.tier, limit.resource)] = mode
-    return Plan(
-        record.name,
-        rates.get((Tier.GLOBAL.value, "")),
-        rates.get((Tier.USER.value, "")),
-        {res: rate for (tier, res), rate in rates.items() if tier == Tier.ENDPOINT.value},
-        record.description or "",
-        record.upgrade_hint,
-        modes,
-    )
-
-
-def _stored_algorithm(name: str | None, where: str) -> Algorithm | None:
-    # Validated on write; a row edited by hand into nonsense falls back to QUOTA_ALGORITHM.
-    if name is None:
-        return None
-    try:
-        return Algorithm(name)
-    except ValueError:
-        log.error("flask-quota: %s has unknown algorithm %r; using QUOTA_ALGORITHM", where, name)
-        return None
-
-
-def _rule(row: Override) -> OverrideRule | None:
-    rate = _parse_stored(row.rate, f"override {row.id}")
-    if rate is None:
-        return None
-    expires = row.expires_at.timestamp() if row.expires_at is not None else None
-    return OverrideRule(Tier(row.tier), row.resource, rate, expires)
-
-
-def _parse_stored(text_: str, what: str) -> Rates | None:
-    # Rates are validated on write; a row edited by hand into nonsense is skipped, not fatal.
-    try:
-        return parse_rates(text_)
-    except ValueError as exc:
-        log.error("flask-quota: ignoring %s: %s", what, exc)
-        return None
-
-
-# -- engine, stamp, poller ----------------------------------------------------
-
-
 def _default_url(instance_path: str) -> str:
     return f"sqlite:///{Path(instance_path) / DEFAULT_DATABASE_FILE}"
-
-
-def _own_engine(url: str) -> Engine:
-    """An engine whose every call is bounded in time (see the module docstring)."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite":
-        return create_engine(
-            url,
-            pool_pre_ping=True,
-            pool_size=2,
-            max_overflow=4,
-            pool_timeout=POOL_TIMEOUT,
-            connect_args=_libpq_bounds(parsed) | _pymysql_bounds(parsed),
-        )
-    sqlite_args = {"timeout": SQLITE_BUSY_TIMEOUT, "check_same_thread": False}
-    database = parsed.database or ""
-    if database in ("", ":memory:"):
-        # One shared in-memory database for every thread of this process.
-        return create_engine(url, poolclass=StaticPool, connect_args=sqlite_args)
-    Path(database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT})
-    event.listen(engine, "connect", _sqlite_pragmas)
-    return engine
-
-
-def _libpq_bounds(url: URL) -> dict[str, Any]:
-    """Connect, statement and TCP timeouts for libpq drivers; the URL's own settings win.
-
-    ``statement_timeout`` goes in the startup ``options``; a URL that names its own
-    ``options`` (e.g. for a pooler that refuses them) keeps exactly those.
-    """
-    driver = url.get_driver_name()
-    if url.get_backend_name() != "postgresql" or driver not in ("psycopg2", "psycopg"):
-        return {}
-    bounds: dict[str, Any] = {
-        "connect_timeout": CONNECT_TIMEOUT,
-        # A dead peer is noticed on an idle connection after 10 + 3 x 5 s ...
-        "keepalives": 1,
-        "keepalives_idle": 10,
-        "keepalives_interval": 5,
-        "keepalives_count": 3,
-        "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
-    }
-    if _libpq_version(driver) >= 120000:
-        bounds["tcp_user_timeout"] = 10_000  # ... and on a busy one after 10 s (ms)
-    return {key: value for key, value in bounds.items() if key not in url.query}
-
-
-def _pymysql_bounds(url: URL) -> dict[str, Any]:
-    """Connect, read and write timeouts and a short lock wait for PyMySQL; the URL's
-    own settings win. A read timeout also ends a call to a server that went silent."""
-    if url.get_backend_name() not in ("mysql", "mariadb") or url.get_driver_name() != "pymysql":
-        return {}
-    # PyMySQL reads the server's greeting under read_timeout: it bounds connecting too.
-    bounds: dict[str, Any] = {
-        "connect_timeout": CONNECT_TIMEOUT,
-        "read_timeout": CONNECT_TIMEOUT,
-        "write_timeout": CONNECT_TIMEOUT,
-        "init_command": f"SET SESSION innodb_lock_wait_timeout = {MYSQL_LOCK_WAIT}",
-    }
-    return {key: value for key, value in bounds.items() if key not in url.query}
-
-
-def _libpq_version(driver: str) -> int:
-    """The libpq the driver runs on, e.g. 170000; 0 if unknown."""
-    try:
-        if driver == "psycopg2":
-            return int(importlib.import_module("psycopg2.extensions").libpq_version())
-        return int(importlib.import_module("psycopg").pq.version())
-    except (ImportError, AttributeError):
-        return 0
-
-
-def _sqlite_write_lock(session: Session) -> None:
-    """On SQLite, take the write lock when a change begins (``BEGIN IMMEDIATE``).
-
-    The driver would begin at the first write, after the change has read the state it
-    audits as "before": two changes could both read it, and the later one would
-    overwrite the earlier unseen. Other databases lock the rows a change reads.
-    """
-    conn = session.connection()
-    if conn.dialect.name != "sqlite":
-        return
-    raw = conn.connection.dbapi_connection
-    if raw is not None and not getattr(raw, "in_transaction", True):
-        conn.exec_driver_sql("BEGIN IMMEDIATE")  # waits up to the busy timeout
-
-
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    # WAL: readers (every worker's poller) never block the writer (the CLI).
-    cursor = dbapi_connection.cursor()
-    try:
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA foreign_keys=ON")
-    finally:
-        cursor.close()
-
-
-def _unfinished(conn: Any) -> bool:
-    """A fresh setup cut short: some tables and no revision stamp yet.
-
-    SQLite runs DDL outside the transaction, so a worker whose creation failed part way
-    (a racer held the write lock) leaves the first tables behind; the stamp comes last.
-    A stamped database with a table missing is a migration's business, not ours.
-    """
-    names = set(inspect(conn).get_table_names())
-    if set(metadata.tables) <= names:
-        return False
-    if VERSION_TABLE not in names:
-        return True
-    return bool(conn.scalar(text(f"SELECT COUNT(*) FROM {VERSION_TABLE}")) == 0)
-
-
-def _stamp(conn: Any) -> None:
-    """Record the Alembic revision the new tables correspond to (see models.SCHEMA_REVISION)."""
-    table = Table(
-        VERSION_TABLE,
-        MetaData(),
-        Column("version_num", String(32), nullable=False),
-        PrimaryKeyConstraint("version_num", name=f"{VERSION_TABLE}_pkc"),
-    )
-    table.create(conn, checkfirst=True)
-    if conn.scalar(select(func.count()).select_from(table)) == 0:
-        conn.execute(table.insert().values(version_num=SCHEMA_REVISION))
-
-
-@contextmanager
-def _mysql_setup_lock(engine: Engine) -> Iterator[None]:
-    """On MySQL / MariaDB, one process at a time creates and stamps a fresh database.
-
-    Their DDL commits as it goes, so a racer could see half the tables; and they have
-    no transaction-scoped advisory lock (PostgreSQL's), so a named lock (one per
-    database) is held, on a connection of its own, until the setup has committed.
-    """
-    if engine.dialect.name != "mysql":
-        yield
-        return
-    with engine.connect() as holder:
-        # 0 after the timeout: go on regardless, a loser then retries like on SQLite.
-        holder.execute(
-            text("SELECT GET_LOCK(CONCAT(:name, SHA1(DATABASE())), :timeout)"),
-            {"name": _INIT_LOCK_NAME, "timeout": CONNECT_TIMEOUT},
-        )
-        try:
-            yield
-        finally:
-            holder.execute(
-                text("SELECT RELEASE_LOCK(CONCAT(:name, SHA1(DATABASE())))"),
-                {"name": _INIT_LOCK_NAME},
-            )
-
-
-def _supervise(ref: weakref.ref[SqlStore], sync: _Sync, interval: float) -> None:
-    """Body of each process's sync thread; it ends when its store is closed or collected.
-
-    Each attempt runs in a short-lived thread of its own, one at a time: an attempt
-    stuck on a hung database delays no other work, and is seen and logged here.
-    """
-    attempt_began = 0.0
-    while True:
-        store = ref()
-        if store is None:
-            return
-        try:
-            if sync.attempt is None or not sync.attempt.is_alive():
-                sync.attempt = threading.Thread(
-                    target=store._attempt,
-                    args=(sync,),
-                    name="flask-quota-sync-attempt",
-                    daemon=True,
-                )
-                attempt_began = time.monotonic()
-                sync.attempt.start()
-            store._observe(sync, time.monotonic() - attempt_began)
-        except Exception:  # the thread must outlive anything
-            log.exception("flask-quota: the quota sync thread hit an error")
-        finally:
-            del store
-        if sync.stop.wait(interval):
-            return
-
-
-def sql_reason(exc: BaseException) -> str:
-    """What a database error says, on one line: the driver's own message (``orig``)
-    when there is one, its first line (a driver's message may span several), or ""."""
-    reason = str(getattr(exc, "orig", None) or exc).strip()
-    return reason.splitlines()[0] if reason else ""
-
-
-def _one_line(exc: BaseException) -> str:
-    """An error as one short line with its type, for logs and the sync status."""
-    return f"{type(exc).__name__}: {sql_reason(exc)}"[:300]
 
 
 _STORES: weakref.WeakSet[SqlStore] = weakref.WeakSet()

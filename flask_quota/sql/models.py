@@ -30,8 +30,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
 
-from .core import validators
-from .core.tiers import Tier
+from ..core import validators
+from ..core.tiers import Tier
 
 __all__ = [
     "SCHEMA_REVISION",
@@ -217,9 +217,7 @@ class Client(Model):
 
     @validates("name")
     def _check_name(self, key: str, value: str) -> str:
-        if not value.strip() or len(value) > 200 or not value.isprintable():
-            raise ValueError("client name must be 1-200 printable characters")
-        return value.strip()
+        return validators.client_name(value)
 
 
 class Override(_TierRate, Model):

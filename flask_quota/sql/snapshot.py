@@ -1,6 +1,6 @@
 """An immutable in-memory copy of the SQL quota tables: what a request reads.
 
-A ``SqlCatalog`` is built in one go from the database (``sql_store.py``) and
+A ``SqlCatalog`` is built in one go from the database (``store.py``) and
 swapped in whole when the tables change, so a request reads plans, API keys
 and overrides without a query and without a lock. No SQL or Flask here.
 """
@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from ..core.identity import Identity
+from ..core.plans import Plan, PlanCatalog
+from ..core.rates import Rate, Rates, parse_rates
+from ..core.tiers import Tier
 from . import apikeys
-from .core.identity import Identity
-from .core.plans import Plan, PlanCatalog
-from .core.rates import Rate, Rates, parse_rates
-from .core.tiers import Tier
 
 __all__ = ["KeyEntry", "OverrideRule", "SqlCatalog", "apply_overrides"]
 

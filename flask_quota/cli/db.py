@@ -15,78 +15,28 @@ tables that already exist.
 
 from __future__ import annotations
 
-import logging
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import wraps
-from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
-from flask import Flask, current_app
+from flask import current_app
 from flask.cli import AppGroup
-from sqlalchemy import Connection, Engine, MetaData, inspect
+from sqlalchemy import inspect
 from sqlalchemy.exc import SQLAlchemyError
 
-from .models import SCHEMA_REVISION, QuotaMeta, copy_tables
-from .sql_store import VERSION_TABLE, sql_reason
+from ..sql import migrate
+from ..sql.errors import sql_reason
+from ..sql.models import SCHEMA_REVISION, QuotaMeta
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
-__all__ = ["db_cli", "include_name", "migration_metadata", "quota_engine"]
+__all__ = ["db_cli"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 db_cli = AppGroup("db", help="Migrate the quota tables with the migrations shipped in flask-quota.")
-
-
-def quota_engine(app: Flask) -> Engine:
-    """The engine holding ``app``'s quota tables (``db.engine`` or our own)."""
-    state = app.extensions.get("quota")
-    if state is None:
-        raise RuntimeError("flask-quota is not initialised on this app: call Quota(app) first")
-    engine: Engine = state.sql.engine
-    return engine
-
-
-def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
-    """Alembic filter: a shared database holds the host's tables too; compare only ours."""
-    return type_ != "table" or (name or "").startswith("quota_")
-
-
-def migration_metadata() -> MetaData:
-    """The quota tables as migrations see them: plain SQLAlchemy types, fixed names."""
-    target = MetaData()
-    copy_tables(target)
-    return target
-
-
-@contextmanager
-def _alembic_config(verbose: bool = False) -> Iterator[Config]:
-    """The packaged migrations; Alembic's warnings on stderr meanwhile, and its INFO
-    progress lines too with ``verbose`` (the commands print their own one-line result).
-
-    No ini file: env.py then leaves the app's logging configuration alone.
-    """
-    from alembic.config import Config
-
-    logger = logging.getLogger("alembic")
-    handler = logging.StreamHandler(sys.stderr)
-    level, propagate = logger.level, logger.propagate
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO if verbose else logging.WARNING)
-    logger.propagate = False
-    try:
-        with resources.as_file(resources.files("flask_quota") / "migrations") as directory:
-            config = Config()
-            config.set_main_option("script_location", str(directory))
-            yield config
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-        logger.propagate = propagate
 
 
 def _one_line_errors(command: F) -> F:
@@ -106,24 +56,6 @@ def _one_line_errors(command: F) -> F:
     return cast(F, wrapper)
 
 
-def _revision(conn: Connection) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
-    context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-    return context.get_current_revision()
-
-
-def _differences(conn: Connection) -> list[Any]:
-    from alembic.autogenerate import compare_metadata
-    from alembic.runtime.migration import MigrationContext
-
-    context = MigrationContext.configure(
-        conn,
-        opts={"compare_type": True, "version_table": VERSION_TABLE, "include_name": include_name},
-    )
-    return list(compare_metadata(context, migration_metadata()))
-
-
 def _adopt_unversioned(config: Config) -> None:
     """Stamp quota tables that exist without a revision, when they match the models.
 
@@ -132,10 +64,13 @@ def _adopt_unversioned(config: Config) -> None:
     """
     from alembic import command
 
-    with quota_engine(current_app).connect() as conn:
-        if not inspect(conn).has_table(QuotaMeta.__tablename__) or _revision(conn) is not None:
+    with migrate.quota_engine(current_app).connect() as conn:
+        if (
+            not inspect(conn).has_table(QuotaMeta.__tablename__)
+            or migrate.revision(conn) is not None
+        ):
             return
-        differences = _differences(conn)
+        differences = migrate.differences(conn)
     if differences:
         raise click.ClickException(
             "the quota tables exist without a migration revision and differ from this "
@@ -152,8 +87,8 @@ verbose_option = click.option(
 
 
 def _current_revision() -> str | None:
-    with quota_engine(current_app).connect() as conn:
-        return _revision(conn)
+    with migrate.quota_engine(current_app).connect() as conn:
+        return migrate.revision(conn)
 
 
 @db_cli.command("upgrade")
@@ -164,7 +99,7 @@ def upgrade(revision: str, verbose: bool) -> None:
     """Create or upgrade the quota tables to REVISION (default: head)."""
     from alembic import command
 
-    with _alembic_config(verbose) as config:
+    with migrate.alembic_config(verbose) as config:
         _adopt_unversioned(config)
         before = _current_revision()
         command.upgrade(config, revision)
@@ -185,7 +120,7 @@ def downgrade(revision: str, verbose: bool) -> None:
     """Step back to REVISION (default: -1; `base` drops the tables)."""
     from alembic import command
 
-    with _alembic_config(verbose) as config:
+    with migrate.alembic_config(verbose) as config:
         before = _current_revision()
         command.downgrade(config, revision)
     after = _current_revision()
@@ -203,10 +138,10 @@ def current() -> None:
     """Show the quota tables' revision; (head) when it is the newest."""
     from alembic.script import ScriptDirectory
 
-    with _alembic_config() as config:
+    with migrate.alembic_config() as config:
         heads = ScriptDirectory.from_config(config).get_heads()
-    with quota_engine(current_app).connect() as conn:
-        revision = _revision(conn)
+    with migrate.quota_engine(current_app).connect() as conn:
+        revision = migrate.revision(conn)
     if revision is None:
         click.echo("no revision: the quota tables were not made by migrations (yet)")
     else:

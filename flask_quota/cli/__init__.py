@@ -1,0 +1,34 @@
+"""``flask quota ...``: plans, clients, overrides, usage and resets from the shell.
+
+Every change is written to the audit log under ``--actor`` (default: ``$USER``)
+and reaches every running worker within ``QUOTA_SYNC_INTERVAL`` plus a reload.
+Bad input exits with status 1 and a one-line message, having changed nothing.
+One module per topic; this one assembles the ``quota`` group.
+"""
+
+from __future__ import annotations
+
+from flask.cli import AppGroup
+
+from .blocks import block, blocks_cli, unblock
+from .clients import clients_cli
+from .db import db_cli
+from .overrides import overrides_cli
+from .plans import plans_cli
+from .usage import reset, usage
+
+__all__ = ["quota_cli"]
+
+quota_cli = AppGroup("quota", help="Manage flask-quota plans, clients, overrides and usage.")
+for command in (
+    plans_cli,
+    clients_cli,
+    overrides_cli,
+    blocks_cli,
+    db_cli,
+    usage,
+    reset,
+    block,
+    unblock,
+):
+    quota_cli.add_command(command)

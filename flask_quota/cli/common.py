@@ -1,0 +1,132 @@
+"""What every ``flask quota`` command shares: its error handling, options, table output
+and the way it reaches the app's quota state."""
+
+from __future__ import annotations
+
+import getpass
+import os
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from functools import wraps
+from typing import Any, TypeVar, cast
+
+import click
+from flask import current_app
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..core.tiers import Tier
+from ..sql.admin import AdminError, QuotaAdmin
+from ..sql.errors import TablesMissing, sql_reason
+from ..sql.store import SqlStore
+from ..state import QuotaState, get_state
+from ..storage import StorageError
+from ..tools import inspection
+
+__all__ = [
+    "RAW",
+    "TIER_CHOICE",
+    "actor_option",
+    "admin_for",
+    "app_state",
+    "app_store",
+    "caller_of",
+    "identity_argument",
+    "one_line_errors",
+    "refuse_if_memory",
+    "table",
+    "warn_if_memory",
+    "when",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+TIER_CHOICE = click.Choice([t.value for t in Tier], case_sensitive=False)
+
+# Positional ids and rates may start with "-": let them reach validation, which
+# explains the problem in one line, instead of click's "no such option".
+RAW = {"ignore_unknown_options": True}
+
+
+def _default_actor() -> str:
+    try:
+        return os.environ.get("USER") or getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def one_line_errors(command: F) -> F:
+    """Known failures become ``Error: <message>`` and exit status 1."""
+
+    @wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except (AdminError, TablesMissing) as exc:
+            raise click.ClickException(str(exc)) from None
+        except StorageError as exc:
+            raise click.ClickException(f"the rate-limit storage did not answer: {exc}") from None
+        except SQLAlchemyError as exc:
+            raise click.ClickException(f"database error: {sql_reason(exc)}") from None
+
+    return cast(F, wrapper)
+
+
+actor_option = click.option(
+    "--actor",
+    default=_default_actor,
+    show_default="$USER",
+    help="Who makes the change, for the audit log.",
+)
+identity_argument = click.argument("identity", required=False)
+
+
+def app_state() -> QuotaState:
+    return get_state(current_app)
+
+
+def app_store() -> SqlStore:
+    return app_state().sql
+
+
+def admin_for(actor: str) -> QuotaAdmin:
+    return QuotaAdmin(app_store(), actor=actor)
+
+
+def table(rows: Iterable[Sequence[str]], header: Sequence[str]) -> None:
+    rows = [list(header), *(list(row) for row in rows)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        click.echo("  ".join(cells).rstrip())
+
+
+def when(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M UTC") if moment is not None else "-"
+
+
+def caller_of(identity: str | None, ip: str | None) -> inspection.Caller:
+    try:
+        return inspection.Caller.of(identity, ip)
+    except ValueError as exc:
+        raise AdminError(str(exc)) from None
+
+
+def warn_if_memory() -> None:
+    if app_state().storage.name == "memory":
+        click.echo(
+            "warning: QUOTA_STORAGE_URL is memory://, so this command sees its own process's "
+            "counters, not the server's",
+            err=True,
+        )
+
+
+def refuse_if_memory(action: str, page: str) -> None:
+    """Memory storage lives in each server process: a change made from this one would
+    print success and reach nothing, so it is refused before anything is audited."""
+    if app_state().storage.name == "memory":
+        raise click.ClickException(
+            f"QUOTA_STORAGE_URL is memory://: counters and blocks live inside each server "
+            f"process, so a {action} from this command would not reach the server. Use the "
+            f"dashboard ({page}) or call quota.{action}(...) in the app; or set "
+            "QUOTA_STORAGE_URL to a Redis that every process shares"
+        )

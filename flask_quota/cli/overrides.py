@@ -1,0 +1,58 @@
+"""``flask quota overrides ...``: per-client rates that win over the plan's."""
+
+from __future__ import annotations
+
+import click
+from flask.cli import AppGroup
+
+from ..sql.admin import parse_duration
+from .common import RAW, TIER_CHOICE, actor_option, admin_for, one_line_errors, table, when
+
+__all__ = ["overrides_cli"]
+
+overrides_cli = AppGroup("overrides", help="Per-client rates that win over the plan's.")
+
+
+@overrides_cli.command("add", context_settings=RAW)
+@click.argument("client_id", metavar="CLIENT")
+@click.argument("tier", type=TIER_CHOICE)
+@click.argument("rate")
+@click.option("--resource", help="The resource of an endpoint-tier override.")
+@click.option("--expires", help="Lifetime, e.g. 30m, 12h, 7d, 2w; default: until removed.")
+@actor_option
+@one_line_errors
+def overrides_add(
+    client_id: str, tier: str, rate: str, resource: str | None, expires: str | None, actor: str
+) -> None:
+    """Give CLIENT its own RATE for TIER (replaces its earlier one for that tier)."""
+    lifetime = parse_duration(expires) if expires is not None else None
+    info = admin_for(actor).add_override(
+        client_id, tier, rate, resource=resource, expires_in=lifetime
+    )
+    where = f"{info.tier} {info.resource}" if info.resource else info.tier
+    until = f" until {when(info.expires_at)}" if info.expires_at else ""
+    click.echo(f"override {info.id}: client {info.client_id} {where} {info.rate}{until}")
+
+
+@overrides_cli.command("list", context_settings=RAW)
+@click.argument("client_id", metavar="[CLIENT]", required=False)
+@one_line_errors
+def overrides_list(client_id: str | None) -> None:
+    """Show overrides (of CLIENT, or of everyone)."""
+    table(
+        (
+            [str(o.id), str(o.client_id), o.tier, o.resource or "-", o.rate, when(o.expires_at)]
+            for o in admin_for("cli").overrides(client_id)
+        ),
+        ["ID", "CLIENT", "TIER", "RESOURCE", "RATE", "EXPIRES"],
+    )
+
+
+@overrides_cli.command("remove", context_settings=RAW)
+@click.argument("override_id", metavar="ID")
+@actor_option
+@one_line_errors
+def overrides_remove(override_id: str, actor: str) -> None:
+    """Delete override ID: the client gets its plan's rate again."""
+    info = admin_for(actor).remove_override(override_id)
+    click.echo(f"override {info.id} of client {info.client_id} removed")

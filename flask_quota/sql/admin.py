@@ -1,0 +1,705 @@
+"""Operator changes to plans, clients and overrides: validated, audited, propagated.
+
+The CLI (and the dashboard) call these methods. Each change is one
+transaction that checks its input before writing, records who did what with
+the before and after state in the audit log, and bumps the version every
+process polls (``SqlStore.change``). Bad input raises ``AdminError`` and
+changes nothing. Changes outside the tables (e.g. resetting counters) run inside
+``QuotaAdmin.audited``, whose entry is committed before the change is made.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.exc import StaleDataError
+
+from ..core import validators
+from ..core.algorithms import Algorithm
+from ..core.plans import Plan, check_fit
+from ..core.rates import parse_rates
+from ..settings import PlansSource
+from . import apikeys
+from .engine import bounded
+from .mapping import (
+    AuditInfo,
+    ClientInfo,
+    LimitInfo,
+    OverrideInfo,
+    PlanInfo,
+    audit_info,
+    client_dict,
+    client_info,
+    limit_rows,
+    override_dict,
+    override_info,
+    plan_info,
+    plan_info_of,
+    plan_record,
+)
+from .models import AuditEntry, Client, Override, PlanLimit, PlanRecord, utcnow
+from .store import SqlStore
+
+__all__ = [
+    "AdminError",
+    "AuditInfo",
+    "ChangeConflict",
+    "ClientInfo",
+    "LimitInfo",
+    "OverrideInfo",
+    "PlanInfo",
+    "PlansReadOnly",
+    "QuotaAdmin",
+    "StaleEdit",
+    "parse_duration",
+]
+
+log = logging.getLogger("flask_quota")
+
+T = TypeVar("T")
+
+_DURATION_RE = re.compile(r"(?P<n>[+-]?\d{1,9})\s*(?P<unit>[smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_MAX_DURATION_DAYS = 3650
+
+
+class AdminError(ValueError):
+    """Bad input or an unknown name: a one-line message, nothing changed."""
+
+
+class ChangeConflict(AdminError):
+    """Another writer changed the same rows at the same moment, twice: nothing changed."""
+
+
+class StaleEdit(ChangeConflict):
+    """The edit was based on a state of the plan that someone else has changed since
+    (``based_on`` no longer matches): nothing changed; reload and try again."""
+
+
+class PlansReadOnly(AdminError):
+    """``QUOTA_PLANS_SOURCE=config``: the plans follow ``QUOTA_PLANS``, not operators."""
+
+
+PLANS_READ_ONLY = (
+    "plans are read-only here: QUOTA_PLANS_SOURCE=config applies QUOTA_PLANS to the "
+    "database at every start. Edit QUOTA_PLANS and restart, or set "
+    "QUOTA_PLANS_SOURCE=database to edit plans here"
+)
+# ``set_plan_limit(algorithm=DEFAULT_ALGORITHM)``: the limit follows QUOTA_ALGORITHM again.
+DEFAULT_ALGORITHM = "default"
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"30m"``, ``"12h"``, ``"7d"``, ``"2w"``: a positive span of time, at most
+    3650 days (an expiry further out is a typo; leave it out to never expire)."""
+    match = _DURATION_RE.fullmatch(text.strip().lower())
+    if match is None:
+        raise AdminError(f"malformed duration {text!r}: use e.g. 30m, 12h, 7d or 2w")
+    seconds = int(match.group("n")) * _UNIT_SECONDS[match.group("unit")]
+    if seconds <= 0:
+        raise AdminError(f"duration {text!r} must be positive")
+    if seconds > _MAX_DURATION_DAYS * 86400:
+        raise AdminError(
+            f"duration {text!r} is longer than {_MAX_DURATION_DAYS} days (about 10 years); "
+            "leave the expiry out for an override that never expires"
+        )
+    return timedelta(seconds=seconds)
+
+
+class QuotaAdmin:
+    """Reads and audited changes of the quota tables, on behalf of ``actor``."""
+
+    def __init__(self, store: SqlStore, *, actor: str, applies_config: bool = False) -> None:
+        if not actor.strip():
+            raise AdminError("the actor (who makes the change) must not be empty")
+        self.store = store
+        self.actor = actor.strip()[:200]
+        # True only for the start-up step that applies QUOTA_PLANS (QUOTA_PLANS_SOURCE=config).
+        self._applies_config = applies_config
+
+    @property
+    def plans_read_only(self) -> bool:
+        """True when ``QUOTA_PLANS_SOURCE=config`` owns the plans (edits are refused)."""
+        config = self.store.settings.plans_source is PlansSource.CONFIG
+        return config and not self._applies_config
+
+    def check_plans_writable(self) -> None:
+        """Raise ``PlansReadOnly`` when the plans follow ``QUOTA_PLANS``; every plan
+        change calls this first."""
+        if self.plans_read_only:
+            raise PlansReadOnly(PLANS_READ_ONLY)
+
+    # -- plans --------------------------------------------------------------
+
+    def plans(self) -> list[PlanInfo]:
+        """Every plan with its rates, in upgrade order."""
+        with self.store.session() as session:
+            bounded(session)
+            records = session.scalars(
+                select(PlanRecord).order_by(PlanRecord.position, PlanRecord.id)
+            ).all()
+            return [plan_info(record) for record in records]
+
+    def create_plan(self, name: str, description: str = "") -> PlanInfo:
+        """A new plan without rates, last in upgrade order (give it rates with
+        ``set_plan_limit``: a tier without a rate does not apply to the plan)."""
+        self.check_plans_writable()
+        name_ = _checked(validators.plan_name, name)
+        description_ = _description(description)
+
+        def apply(session: Session) -> PlanInfo:
+            if session.scalar(select(PlanRecord.id).where(PlanRecord.name == name_)) is not None:
+                raise AdminError(f"a plan named {name_!r} exists already")
+            last = session.scalar(select(func.max(PlanRecord.position)))
+            record = PlanRecord(
+                name=name_, description=description_, position=0 if last is None else last + 1
+            )
+            session.add(record)
+            session.flush()
+            info = plan_info(record)
+            self._audit(session, "plan.create", f"plan:{name_}", None, asdict(info))
+            return info
+
+        return self._change(apply, f"plan {name_!r}")
+
+    def delete_plan(self, name: str, *, based_on: str | None = None) -> PlanInfo:
+        """Delete a plan no client uses (revoked ones included) and that is neither
+        ``QUOTA_DEFAULT_PLAN`` nor ``QUOTA_ANONYMOUS_PLAN``; returns what it was.
+        ``based_on``: the ``PlanInfo.token`` the operator saw (see ``StaleEdit``)."""
+        self.check_plans_writable()
+        settings = self.store.settings
+        for key, protected in (
+            ("QUOTA_DEFAULT_PLAN", settings.default_plan),
+            ("QUOTA_ANONYMOUS_PLAN", settings.anonymous_plan),
+        ):
+            if name == protected:
+                raise AdminError(
+                    f"plan {name!r} is {key}: callers without a plan get it, so it cannot be "
+                    f"deleted; set {key} to another plan first"
+                )
+
+        def apply(session: Session) -> PlanInfo:
+            record = _locked_plan(session, name)
+            before = _unchanged_since(plan_info(record), based_on)
+            used, revoked = session.execute(
+                select(func.count(), func.count(Client.revoked_at)).where(
+                    Client.plan_id == record.id
+                )
+            ).one()
+            if used:
+                raise AdminError(
+                    f"plan {name!r} is used by {used} client(s) ({revoked} of them revoked): "
+                    "move them to another plan first"
+                )
+            session.delete(record)
+            self._audit(session, "plan.delete", f"plan:{name}", asdict(before), None)
+            return before
+
+        return self._change(apply, f"plan {name!r}")
+
+    def set_plan_limit(
+        self,
+        plan: str,
+        tier: str,
+        rate: str,
+        *,
+        resource: str | None = None,
+        algorithm: str | None = None,
+        shadow: bool | None = None,
+        based_on: str | None = None,
+    ) -> PlanInfo:
+        """Set (add or replace) one limit of a plan: its rates, and optionally its
+        ``algorithm`` (``"default"``: ``QUOTA_ALGORITHM``) and ``shadow`` flag.
+        ``None`` keeps a limit's current algorithm or flag (a new limit's: the
+        default algorithm, enforced). ``based_on``: see ``StaleEdit``."""
+        self.check_plans_writable()
+        tier_ = _tier(tier)
+        resource_ = _resource(tier_, resource)
+        rate_ = _rate(rate)
+        algorithm_ = _algorithm(algorithm)
+
+        def apply(session: Session) -> PlanInfo:
+            record = _locked_plan(session, plan)
+            before = _unchanged_since(plan_info(record), based_on)
+            limit = _limit(record, tier_, resource_)
+            if limit is None:
+                limit = PlanLimit(tier=tier_, resource=resource_, rate=rate_, shadow=False)
+                record.limits.append(limit)
+            else:
+                limit.rate = rate_
+            if algorithm is not None:
+                limit.algorithm = algorithm_
+            if shadow is not None:
+                limit.shadow = bool(shadow)
+            self._fits(limit.rate, limit.algorithm, f"plan {plan!r}, {tier_} {resource_}".strip())
+            session.flush()
+            after = plan_info(record)
+            self._audit(session, "plan.limit.set", f"plan:{plan}", asdict(before), asdict(after))
+            return after
+
+        return self._change(apply, f"plan {plan!r}")
+
+    def replace_plans(self, plans: list[Plan], action: str) -> list[str]:
+        """Make the plan table hold exactly ``plans`` (in this order), in one audited
+        transaction: plans are added, changed and removed; clients and overrides are
+        not touched. A plan that clients still use cannot be removed: then nothing
+        changes and ``AdminError`` names the plans and their clients. Returns one
+        line per change (empty when the table already matched).
+        """
+        self.check_plans_writable()
+        wanted = {plan.name: (position, plan) for position, plan in enumerate(plans)}
+        settings = self.store.settings
+        needed: dict[str, list[str]] = {}
+        for key, name in (
+            ("QUOTA_DEFAULT_PLAN", settings.default_plan),
+            ("QUOTA_ANONYMOUS_PLAN", settings.anonymous_plan),
+        ):
+            if name not in wanted:
+                needed.setdefault(name, []).append(key)
+        if needed:
+            name, keys = next(iter(needed.items()))
+            raise AdminError(
+                f"the new plans lack plan {name!r}, which is {' and '.join(keys)}: callers "
+                f"without a plan get it. Keep {name!r} in them, or set {keys[0]} to one of "
+                f"their plans first; nothing changed"
+            )
+
+        def target(position: int, plan: Plan) -> tuple[Any, ...]:
+            return (position, plan_info_of(plan))
+
+        def apply(session: Session) -> list[str]:
+            records = {
+                r.name: r
+                for r in session.scalars(  # locked: other plan edits wait for this one
+                    select(PlanRecord)
+                    .order_by(PlanRecord.position, PlanRecord.id)
+                    .with_for_update(key_share=True)
+                )
+            }
+            gone = [name for name in records if name not in wanted]
+            users = dict(
+                session.execute(
+                    select(PlanRecord.name, func.count(Client.id))
+                    .join(Client, Client.plan_id == PlanRecord.id)
+                    .where(PlanRecord.name.in_(gone))
+                    .group_by(PlanRecord.name)
+                ).all()
+            )
+            if users:
+                used = ", ".join(f"{name!r} ({n} clients)" for name, n in sorted(users.items()))
+                raise AdminError(
+                    f"cannot remove plans that clients still use: {used}; move those clients "
+                    "to another plan first (flask quota clients set-plan ID PLAN)"
+                )
+            changes = []
+            for name in gone:
+                before = asdict(plan_info(records[name]))
+                session.delete(records[name])
+                self._audit(session, f"{action}.remove", f"plan:{name}", before, None)
+                changes.append(f"removed plan {name!r}")
+            session.flush()
+            for name, (position, plan) in wanted.items():
+                record = records.get(name)
+                if record is None:
+                    record = plan_record(plan, position)
+                    session.add(record)
+                    session.flush()
+                    after = asdict(plan_info(record))
+                    self._audit(session, f"{action}.add", f"plan:{name}", None, after)
+                    changes.append(f"added plan {name!r}")
+                    continue
+                if (record.position, plan_info(record)) == target(position, plan):
+                    continue
+                before = asdict(plan_info(record))
+                record.description = plan.description
+                record.upgrade_hint = plan.upgrade
+                record.position = position
+                record.limits.clear()
+                session.flush()  # the old limits go before their replacements arrive
+                record.limits.extend(limit_rows(plan))
+                session.flush()
+                after = asdict(plan_info(record))
+                self._audit(session, f"{action}.update", f"plan:{name}", before, after)
+                changes.append(f"changed plan {name!r}")
+            if not changes:
+                raise _Unchanged
+            return changes
+
+        try:
+            return self._change(apply, "the plans")
+        except _Unchanged:
+            return []  # rolled back: no version bump for a table that already matched
+
+    def delete_plan_limit(
+        self, plan: str, tier: str, resource: str | None = None, *, based_on: str | None = None
+    ) -> PlanInfo:
+        """Remove one rate of a plan: that tier (or resource) then no longer applies to it.
+        ``based_on``: see ``StaleEdit``."""
+        self.check_plans_writable()
+        tier_ = _tier(tier)
+        resource_ = _resource(tier_, resource)
+
+        def apply(session: Session) -> PlanInfo:
+            record = _locked_plan(session, plan)
+            before = _unchanged_since(plan_info(record), based_on)
+            limit = _limit(record, tier_, resource_)
+            if limit is None:
+                where = f"{tier_} {resource_}" if resource_ else tier_
+                raise AdminError(f"plan {plan!r} has no {where} rate to remove")
+            record.limits.remove(limit)  # delete-orphan: the row goes
+            session.flush()
+            after = plan_info(record)
+            self._audit(session, "plan.limit.delete", f"plan:{plan}", asdict(before), asdict(after))
+            return after
+
+        return self._change(apply, f"plan {plan!r}")
+
+    # -- clients ------------------------------------------------------------
+
+    def clients(self) -> list[ClientInfo]:
+        """Every client (live and revoked), oldest first."""
+        with self.store.session() as session:
+            bounded(session)
+            rows = session.scalars(select(Client).order_by(Client.id)).all()
+            return [client_info(row) for row in rows]
+
+    def create_client(self, name: str, plan: str) -> tuple[ClientInfo, str]:
+        """A new client and its API key: the key is returned here once and never stored."""
+        name = _client_name(name)
+
+        def apply(session: Session) -> tuple[ClientInfo, str]:
+            record = _plan(session, plan)
+            if session.scalar(select(Client.id).where(Client.name == name)) is not None:
+                raise AdminError(f"a client named {name!r} exists already")
+            new = apikeys.generate()
+            while session.scalar(select(Client.id).where(Client.key_prefix == new.prefix)):
+                new = apikeys.generate()  # 54 random bits: practically never
+            client = Client(
+                name=name, plan=record, key_prefix=new.prefix, key_salt=new.salt, key_hash=new.hash
+            )
+            session.add(client)
+            session.flush()
+            info = client_info(client)
+            self._audit(session, "client.create", f"client:{client.id}", None, client_dict(info))
+            return info, new.key
+
+        return self._change(apply, f"client {name!r}")
+
+    def revoke_client(self, client_id: int | str) -> ClientInfo:
+        """Revoke a client's key: from the next poll on it is treated as unknown."""
+
+        def apply(session: Session) -> ClientInfo:
+            client = _client(session, client_id)
+            if client.revoked_at is not None:
+                raise AdminError(f"client {client.id} is revoked already")
+            before = client_dict(client_info(client))
+            client.revoked_at = utcnow()
+            info = client_info(client)
+            self._audit(session, "client.revoke", f"client:{client.id}", before, client_dict(info))
+            return info
+
+        return self._change(apply, f"client {client_id}")
+
+    def set_client_plan(self, client_id: int | str, plan: str) -> ClientInfo:
+        """Move a client to another plan."""
+
+        def apply(session: Session) -> ClientInfo:
+            client = _client(session, client_id)
+            before = client_dict(client_info(client))
+            client.plan = _plan(session, plan)
+            session.flush()
+            info = client_info(client)
+            self._audit(
+                session, "client.set_plan", f"client:{client.id}", before, client_dict(info)
+            )
+            return info
+
+        return self._change(apply, f"client {client_id}")
+
+    # -- overrides ----------------------------------------------------------
+
+    def overrides(self, client_id: int | str | None = None) -> list[OverrideInfo]:
+        """The overrides of one client, or of every client."""
+        with self.store.session() as session:
+            bounded(session)
+            query = select(Override).order_by(Override.client_id, Override.id)
+            if client_id is not None:
+                query = query.where(
+                    Override.client_id == _client(session, client_id, lock=False).id
+                )
+            return [override_info(row) for row in session.scalars(query)]
+
+    def add_override(
+        self,
+        client_id: int | str,
+        tier: str,
+        rate: str,
+        *,
+        resource: str | None = None,
+        expires_in: timedelta | None = None,
+    ) -> OverrideInfo:
+        """Give a client its own rate for a tier (replacing an earlier one for the same tier)."""
+        tier_ = _tier(tier)
+        resource_ = _resource(tier_, resource)
+        rate_ = _rate(rate)
+        if expires_in is not None and expires_in <= timedelta(0):
+            raise AdminError("an override's expiry must be in the future")
+        expires_at = utcnow() + expires_in if expires_in is not None else None
+
+        def apply(session: Session) -> OverrideInfo:
+            client = _client(session, client_id)
+            limit = _limit(client.plan, tier_, resource_)
+            where = f"the override of client {client.id}"
+            self._fits(rate_, limit.algorithm if limit is not None else None, where)
+            row = session.scalar(
+                select(Override).where(
+                    Override.client_id == client.id,
+                    Override.tier == tier_,
+                    Override.resource == resource_,
+                )
+            )
+            before = None if row is None else override_dict(override_info(row))
+            if row is None:
+                row = Override(client=client, tier=tier_, resource=resource_, rate=rate_)
+                session.add(row)
+            row.rate, row.expires_at = rate_, expires_at
+            session.flush()
+            info = override_info(row)
+            after = override_dict(info)
+            self._audit(session, "override.set", f"client:{client.id}", before, after)
+            return info
+
+        return self._change(apply, f"the override of client {client_id}")
+
+    def remove_override(self, override_id: int | str) -> OverrideInfo:
+        """Delete an override: its client gets the plan's rate again."""
+
+        def apply(session: Session) -> OverrideInfo:
+            row = session.get(Override, _positive_id(override_id, "override id"))
+            if row is None:
+                raise AdminError(f"no override with id {override_id}")
+            info = override_info(row)
+            session.delete(row)
+            self._audit(
+                session, "override.remove", f"client:{info.client_id}", override_dict(info), None
+            )
+            return info
+
+        return self._change(apply, f"override {override_id}")
+
+    # -- audit --------------------------------------------------------------
+
+    def audit_log(self, limit: int = 50) -> list[AuditInfo]:
+        """The latest entries, newest first."""
+        with self.store.session() as session:
+            bounded(session)
+            rows = session.scalars(
+                select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
+            ).all()
+            return [audit_info(row) for row in rows]
+
+    def record(
+        self,
+        action: str,
+        target: str,
+        before: dict[str, Any] | None = None,
+        after: dict[str, Any] | None = None,
+    ) -> None:
+        """Commit an audit entry on its own (see ``audited`` for a change outside the tables)."""
+        with self.store.session() as session, session.begin():
+            bounded(session)
+            self._audit(session, action, target, before, after)
+
+    @contextmanager
+    def audited(
+        self,
+        action: str,
+        target: str,
+        before: dict[str, Any] | None = None,
+        after: dict[str, Any] | None = None,
+    ) -> Iterator[None]:
+        """Audit a change outside the tables (e.g. a counter reset), then make it::
+
+            with admin.audited("usage.reset", "ip:1.2.3.4", None, {"buckets": 3}):
+                storage.clear(keys)
+
+        The entry is committed before the body runs: if it cannot be written, the
+        error propagates and the body never runs, so no change goes unaudited. If the
+        body fails, an ``<action>.failed`` entry records why (best effort).
+        """
+        self.record(action, target, before, after)
+        try:
+            yield
+        except Exception as exc:
+            try:
+                self.record(f"{action[:57]}.failed", target, None, {"error": str(exc)[:500]})
+            except SQLAlchemyError as audit_error:
+                log.warning(
+                    "flask-quota: %s of %s failed (%s), and so did its audit entry (%s)",
+                    action, target, exc, audit_error,
+                )  # fmt: skip
+            raise
+
+    def _change(self, body: Callable[[Session], T], what: str) -> T:
+        """``body(session)`` in one change transaction, run again once if another writer
+        inserted (or deleted) the same row meanwhile (both read "absent", the later
+        insert fails; or both read "present", the later delete finds nothing): the
+        second run sees the other's change and does what it would have done coming second."""
+        try:
+            with self.store.change() as session:
+                bounded(session)
+                return body(session)
+        except (IntegrityError, StaleDataError):
+            pass
+        try:
+            with self.store.change() as session:
+                bounded(session)
+                return body(session)
+        except (IntegrityError, StaleDataError):
+            raise ChangeConflict(
+                f"{what} was changed by someone else at the same moment, twice; "
+                "nothing was saved: try again"
+            ) from None
+
+    def _fits(self, rate: str, algorithm: str | None, where: str) -> None:
+        """Refuse a rate its algorithm cannot enforce (``plans.check_fit``): the limit's
+        own ``algorithm``, else ``QUOTA_ALGORITHM``. Raised inside a change, so nothing
+        is written."""
+        default = self.store.settings.algorithm
+        try:
+            chosen = Algorithm(algorithm) if algorithm else default
+            check_fit(parse_rates(rate), chosen, where, default=not algorithm)
+        except ValueError as exc:
+            raise AdminError(str(exc)) from None
+
+    def _audit(
+        self,
+        session: Session,
+        action: str,
+        target: str,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+    ) -> None:
+        session.add(
+            AuditEntry(
+                actor=self.actor, action=action, target=target[:200], before=before, after=after
+            )
+        )
+
+
+# -- validation and lookups ---------------------------------------------------
+
+
+def _checked(check: Callable[..., T], *args: Any) -> T:
+    """Run one of ``validators``' checks; its ``ValueError`` becomes an ``AdminError``."""
+    try:
+        return check(*args)
+    except ValueError as exc:
+        raise AdminError(str(exc)) from None
+
+
+def _tier(value: str) -> str:
+    return _checked(validators.tier_name, value).value
+
+
+def _resource(tier: str, resource: str | None) -> str:
+    return _checked(validators.tier_resource, tier, resource)[1]
+
+
+def _rate(text: str) -> str:
+    return _checked(validators.rate_text, text)
+
+
+def _algorithm(value: str | None) -> str | None:
+    """An algorithm's name, or None for ``"default"`` or ``""`` (``QUOTA_ALGORITHM``) and None."""
+    if value is None or value.strip().lower() in (DEFAULT_ALGORITHM, ""):
+        return None
+    try:
+        return validators.algorithm(value.strip().lower()).value
+    except ValueError:
+        choices = f"{validators.ALGORITHM_NAMES}, {DEFAULT_ALGORITHM}"
+        raise AdminError(f"unknown algorithm {value!r}: use one of {choices}") from None
+
+
+class _Unchanged(Exception):
+    """Raised inside a change to roll it back: there was nothing to do."""
+
+
+_DESCRIPTION_MAX = 500
+
+
+def _description(value: str) -> str:
+    text = str(value).strip()
+    if len(text) > _DESCRIPTION_MAX or not text.isprintable():
+        raise AdminError(
+            f"a plan description must be at most {_DESCRIPTION_MAX} printable characters "
+            "on one line"
+        )
+    return text
+
+
+def _client_name(name: str) -> str:
+    return _checked(validators.client_name, name)
+
+
+def _positive_id(value: int | str, what: str) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise AdminError(f"{what} must be a positive integer, got {value!r}") from None
+    if number <= 0:
+        raise AdminError(f"{what} must be a positive integer, got {value!r}")
+    return number
+
+
+def _plan(session: Session, name: str) -> PlanRecord:
+    record = session.scalar(select(PlanRecord).where(PlanRecord.name == name))
+    if record is None:
+        known = session.scalars(select(PlanRecord.name).order_by(PlanRecord.position)).all()
+        raise AdminError(f"unknown plan {name!r}; known plans: {', '.join(known)}")
+    return record
+
+
+def _locked_plan(session: Session, name: str) -> PlanRecord:
+    """The plan, its row locked until the change commits (PostgreSQL, MySQL; a SQLite
+    change holds the whole database): concurrent edits of one plan run one after the
+    other, so each reads, and audits as "before", the state the previous one left."""
+    # key_share: PostgreSQL's FOR NO KEY UPDATE, so rows that merely reference the plan
+    # (a client created on it meanwhile) are not held up.
+    query = select(PlanRecord).where(PlanRecord.name == name).with_for_update(key_share=True)
+    record = session.scalar(query)
+    return record if record is not None else _plan(session, name)
+
+
+def _unchanged_since(info: PlanInfo, based_on: str | None) -> PlanInfo:
+    """``info``, if the edit was based on it (``based_on`` is its token, or not given)."""
+    if based_on is not None and based_on != info.token:
+        raise StaleEdit(
+            f"plan {info.name!r} was changed by someone else after this page was loaded; "
+            "nothing was saved: reload the page to see its current rates, then try again"
+        )
+    return info
+
+
+def _limit(record: PlanRecord, tier: str, resource: str) -> PlanLimit | None:
+    return next((x for x in record.limits if (x.tier, x.resource) == (tier, resource)), None)
+
+
+def _client(session: Session, client_id: int | str, *, lock: bool = True) -> Client:
+    # Locked (until the change commits) by default: the audit's "before" of one change
+    # is then the "after" of the one before it, however many operators edit at once.
+    locking = {"key_share": True} if lock else None
+    client = session.get(Client, _positive_id(client_id, "client id"), with_for_update=locking)
+    if client is None:
+        count = session.scalar(select(func.count()).select_from(Client))
+        raise AdminError(f"no client with id {client_id} ({count} clients exist)")
+    return client

@@ -1,0 +1,29 @@
+"""The SQL layer's own errors, and the one-line text every caller shows for a database error."""
+
+from __future__ import annotations
+
+__all__ = ["KeysUnavailable", "TablesMissing", "one_line", "sql_reason"]
+
+
+class TablesMissing(RuntimeError):
+    """The host's database has no quota tables yet."""
+
+
+class KeysUnavailable(RuntimeError):
+    """An API key cannot be checked now: no snapshot of the clients has loaded yet.
+
+    The extension then serves the request as anonymous, and never refuses it with
+    401 (``QUOTA_REJECT_UNKNOWN_KEYS``): the key may well be a paying client's.
+    """
+
+
+def sql_reason(exc: BaseException) -> str:
+    """What a database error says, on one line: the driver's own message (``orig``)
+    when there is one, its first line (a driver's message may span several), or ""."""
+    reason = str(getattr(exc, "orig", None) or exc).strip()
+    return reason.splitlines()[0] if reason else ""
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one short line with its type, for logs and the sync status."""
+    return f"{type(exc).__name__}: {sql_reason(exc)}"[:300]

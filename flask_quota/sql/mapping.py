@@ -1,0 +1,253 @@
+"""Every conversion between a quota table's rows and the shapes the rest of the library uses.
+
+Plans (``core.plans.Plan``) to rows and back, rows into the snapshot's entries
+(``KeyEntry``, ``OverrideRule``), and rows into the operator's read-only views
+(``PlanInfo``, ``ClientInfo``, ...) with their audit-log form. A column added to a
+table is converted here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from ..core.algorithms import Algorithm
+from ..core.plans import LimitMode, Plan
+from ..core.rates import Rates, parse_rates
+from ..core.tiers import Tier
+from .models import AuditEntry, Client, Override, PlanLimit, PlanRecord
+from .snapshot import KeyEntry, OverrideRule
+
+__all__ = [
+    "AuditInfo",
+    "ClientInfo",
+    "LimitInfo",
+    "OverrideInfo",
+    "PlanInfo",
+    "audit_info",
+    "client_dict",
+    "client_info",
+    "key_entry",
+    "limit_rows",
+    "override_dict",
+    "override_info",
+    "override_rule",
+    "plan_from_record",
+    "plan_info",
+    "plan_info_of",
+    "plan_limits",
+    "plan_record",
+]
+
+log = logging.getLogger("flask_quota")
+
+
+# -- plans <-> rows -----------------------------------------------------------
+
+
+def plan_record(plan: Plan, position: int) -> PlanRecord:
+    """Rows for a configured plan (used to seed an empty plan table)."""
+    record = PlanRecord(
+        name=plan.name, description=plan.description, upgrade_hint=plan.upgrade, position=position
+    )
+    record.limits.extend(limit_rows(plan))
+    return record
+
+
+def limit_rows(plan: Plan) -> list[PlanLimit]:
+    """New ``PlanLimit`` rows for every limit of ``plan``, with algorithm and shadow."""
+    rows = []
+    for tier, resource, rates in plan_limits(plan):
+        mode = plan.mode_for(tier, resource)
+        algorithm = mode.algorithm.value if mode.algorithm is not None else None
+        rows.append(
+            PlanLimit(
+                tier=tier.value,
+                resource=resource,
+                rate=str(rates),
+                algorithm=algorithm,
+                shadow=mode.shadow,
+            )
+        )
+    return rows
+
+
+def plan_limits(plan: Plan) -> list[tuple[Tier, str, Rates]]:
+    """(tier, resource or "", rates) of every limit of ``plan``."""
+    limits = [(Tier.GLOBAL, "", plan.global_rate), (Tier.USER, "", plan.user_rate)]
+    limits += [(Tier.ENDPOINT, resource, rates) for resource, rates in plan.resources.items()]
+    return [(tier, resource, rates) for tier, resource, rates in limits if rates is not None]
+
+
+def plan_from_record(record: PlanRecord) -> Plan:
+    """The ``Plan`` a row and its limits describe (with each limit's algorithm and shadow)."""
+    rates: dict[tuple[str, str], Rates] = {}
+    modes: dict[tuple[str, str], LimitMode] = {}
+    for limit in record.limits:
+        where = f"plan {record.name!r} {limit.tier} {limit.resource}"
+        rate = _parse_stored(limit.rate, where)
+        if rate is None:
+            continue
+        rates[(limit.tier, limit.resource)] = rate
+        mode = LimitMode(_stored_algorithm(limit.algorithm, where), bool(limit.shadow))
+        if not mode.default:
+            modes[(limit.tier, limit.resource)] = mode
+    return Plan(
+        record.name,
+        rates.get((Tier.GLOBAL.value, "")),
+        rates.get((Tier.USER.value, "")),
+        {res: rate for (tier, res), rate in rates.items() if tier == Tier.ENDPOINT.value},
+        record.description or "",
+        record.upgrade_hint,
+        modes,
+    )
+
+
+def _stored_algorithm(name: str | None, where: str) -> Algorithm | None:
+    # Validated on write; a row edited by hand into nonsense falls back to QUOTA_ALGORITHM.
+    if name is None:
+        return None
+    try:
+        return Algorithm(name)
+    except ValueError:
+        log.error("flask-quota: %s has unknown algorithm %r; using QUOTA_ALGORITHM", where, name)
+        return None
+
+
+def override_rule(row: Override) -> OverrideRule | None:
+    """The snapshot's rule for an override row; ``None`` for a rate edited into nonsense."""
+    rate = _parse_stored(row.rate, f"override {row.id}")
+    if rate is None:
+        return None
+    expires = row.expires_at.timestamp() if row.expires_at is not None else None
+    return OverrideRule(Tier(row.tier), row.resource, rate, expires)
+
+
+def _parse_stored(text_: str, what: str) -> Rates | None:
+    # Rates are validated on write; a row edited by hand into nonsense is skipped, not fatal.
+    try:
+        return parse_rates(text_)
+    except ValueError as exc:
+        log.error("flask-quota: ignoring %s: %s", what, exc)
+        return None
+
+
+def key_entry(client_id: int, plan: str, salt: str, digest: str) -> KeyEntry:
+    """The snapshot's entry for a live client's key (its row's id, plan name and hash)."""
+    return KeyEntry(str(client_id), plan, salt, digest)
+
+
+# -- rows -> the operator's views -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class LimitInfo:
+    tier: str
+    resource: str
+    rate: str
+    algorithm: str | None
+    shadow: bool
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    name: str
+    description: str
+    upgrade_hint: str | None
+    limits: tuple[LimitInfo, ...]
+
+    @property
+    def token(self) -> str:
+        """A fingerprint of this state of the plan. A form shows it and sends it back as
+        ``based_on``: an edit based on a state someone changed since is refused
+        (``StaleEdit``) instead of silently overwriting their change."""
+        raw = json.dumps(asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    id: int
+    name: str
+    plan: str
+    key_prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class OverrideInfo:
+    id: int
+    client_id: int
+    tier: str
+    resource: str
+    rate: str
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class AuditInfo:
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    target: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+
+def plan_info_of(plan: Plan) -> PlanInfo:
+    """The view a configured plan would have once written as rows (``limit_rows``)."""
+    limits = [
+        LimitInfo(x.tier, x.resource, x.rate, x.algorithm, x.shadow) for x in limit_rows(plan)
+    ]
+    return PlanInfo(plan.name, plan.description, plan.upgrade, _sorted_limits(limits))
+
+
+def plan_info(record: PlanRecord) -> PlanInfo:
+    limits = [LimitInfo(x.tier, x.resource, x.rate, x.algorithm, x.shadow) for x in record.limits]
+    return PlanInfo(record.name, record.description, record.upgrade_hint, _sorted_limits(limits))
+
+
+def _sorted_limits(limits: list[LimitInfo]) -> tuple[LimitInfo, ...]:
+    order = [t.value for t in Tier]
+    return tuple(sorted(limits, key=lambda x: (order.index(x.tier), x.resource)))
+
+
+def client_info(client: Client) -> ClientInfo:
+    return ClientInfo(
+        client.id,
+        client.name,
+        client.plan.name,
+        client.key_prefix,
+        client.created_at,
+        client.revoked_at,
+    )
+
+
+def client_dict(info: ClientInfo) -> dict[str, Any]:
+    # JSON-ready; the key hash and salt stay out of the audit log.
+    return {
+        "name": info.name,
+        "plan": info.plan,
+        "key_prefix": info.key_prefix,
+        "revoked_at": info.revoked_at.isoformat() if info.revoked_at else None,
+    }
+
+
+def override_info(row: Override) -> OverrideInfo:
+    return OverrideInfo(row.id, row.client_id, row.tier, row.resource, row.rate, row.expires_at)
+
+
+def override_dict(info: OverrideInfo) -> dict[str, Any]:
+    data = asdict(info)
+    data["expires_at"] = info.expires_at.isoformat() if info.expires_at else None
+    return data
+
+
+def audit_info(row: AuditEntry) -> AuditInfo:
+    return AuditInfo(row.id, row.at, row.actor, row.action, row.target, row.before, row.after)
