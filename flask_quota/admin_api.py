@@ -11,16 +11,16 @@ from .core.clock import US, seconds_until, wall_clock_us
 from .core.identity import client_ip
 from .core.keys import KeyBuilder, Tag
 from .core.policy import gate_check
-from .sql.admin import (
+from .sql.admin import PlanInfo, QuotaAdmin
+from .sql.errors import (
     PLANS_READ_ONLY,
     AdminError,
     ChangeConflict,
-    PlanInfo,
     PlansReadOnly,
-    QuotaAdmin,
-    parse_duration,
+    TablesMissing,
+    sql_reason,
 )
-from .sql.errors import TablesMissing, sql_reason
+from .sql.inputs import parse_duration
 from .sql.models import Client
 from .state import QuotaState, exempt, get_state
 from .storage import Check, MemoryStorage, Storage, StorageError

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import click
 from flask.cli import AppGroup, with_appcontext
 
-from ..sql.admin import parse_duration
+from ..sql.inputs import parse_duration
 from ..tools import blocks
 from .common import (
     RAW,

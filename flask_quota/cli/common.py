@@ -15,8 +15,8 @@ from flask import current_app
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..core.tiers import Tier
-from ..sql.admin import AdminError, QuotaAdmin
-from ..sql.errors import TablesMissing, sql_reason
+from ..sql.admin import QuotaAdmin
+from ..sql.errors import AdminError, TablesMissing, sql_reason
 from ..sql.store import SqlStore
 from ..state import QuotaState, get_state
 from ..storage import StorageError

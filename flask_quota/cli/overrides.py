@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from flask.cli import AppGroup
 
-from ..sql.admin import parse_duration
+from ..sql.inputs import parse_duration
 from .common import RAW, TIER_CHOICE, actor_option, admin_for, one_line_errors, table, when
 
 __all__ = ["overrides_cli"]

@@ -9,7 +9,7 @@ from flask.cli import AppGroup
 
 from ..core.algorithms import Algorithm
 from ..sql import plansync
-from ..sql.admin import DEFAULT_ALGORITHM
+from ..sql.inputs import DEFAULT_ALGORITHM
 from .common import RAW, TIER_CHOICE, actor_option, admin_for, app_store, one_line_errors, table
 
 __all__ = ["plans_cli"]

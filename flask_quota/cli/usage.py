@@ -7,7 +7,7 @@ from flask import current_app
 from flask.cli import with_appcontext
 
 from ..core.policy import TierCheck
-from ..sql.admin import AdminError
+from ..sql.errors import AdminError
 from ..tools import inspection
 from .common import (
     actor_option,

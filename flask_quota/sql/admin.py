@@ -3,15 +3,14 @@
 The CLI (and the dashboard) call these methods. Each change is one
 transaction that checks its input before writing, records who did what with
 the before and after state in the audit log, and bumps the version every
-process polls (``SqlStore.change``). Bad input raises ``AdminError`` and
-changes nothing. Changes outside the tables (e.g. resetting counters) run inside
+process polls (``SqlStore.change``). Bad input (checked by ``inputs``) raises
+``AdminError`` and changes nothing. Changes outside the tables (e.g. resetting counters) run inside
 ``QuotaAdmin.audited``, whose entry is committed before the change is made.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -23,13 +22,14 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
-from ..core import validators
 from ..core.algorithms import Algorithm
 from ..core.plans import Plan, check_fit
 from ..core.rates import parse_rates
 from ..settings import PlansSource
-from . import apikeys
+from . import apikeys, inputs
 from .engine import bounded
+from .errors import PLANS_READ_ONLY, AdminError, ChangeConflict, PlansReadOnly, StaleEdit
+from .inputs import parse_duration
 from .mapping import (
     AuditInfo,
     ClientInfo,
@@ -66,53 +66,6 @@ __all__ = [
 log = logging.getLogger("flask_quota")
 
 T = TypeVar("T")
-
-_DURATION_RE = re.compile(r"(?P<n>[+-]?\d{1,9})\s*(?P<unit>[smhdw])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_MAX_DURATION_DAYS = 3650
-
-
-class AdminError(ValueError):
-    """Bad input or an unknown name: a one-line message, nothing changed."""
-
-
-class ChangeConflict(AdminError):
-    """Another writer changed the same rows at the same moment, twice: nothing changed."""
-
-
-class StaleEdit(ChangeConflict):
-    """The edit was based on a state of the plan that someone else has changed since
-    (``based_on`` no longer matches): nothing changed; reload and try again."""
-
-
-class PlansReadOnly(AdminError):
-    """``QUOTA_PLANS_SOURCE=config``: the plans follow ``QUOTA_PLANS``, not operators."""
-
-
-PLANS_READ_ONLY = (
-    "plans are read-only here: QUOTA_PLANS_SOURCE=config applies QUOTA_PLANS to the "
-    "database at every start. Edit QUOTA_PLANS and restart, or set "
-    "QUOTA_PLANS_SOURCE=database to edit plans here"
-)
-# ``set_plan_limit(algorithm=DEFAULT_ALGORITHM)``: the limit follows QUOTA_ALGORITHM again.
-DEFAULT_ALGORITHM = "default"
-
-
-def parse_duration(text: str) -> timedelta:
-    """``"30m"``, ``"12h"``, ``"7d"``, ``"2w"``: a positive span of time, at most
-    3650 days (an expiry further out is a typo; leave it out to never expire)."""
-    match = _DURATION_RE.fullmatch(text.strip().lower())
-    if match is None:
-        raise AdminError(f"malformed duration {text!r}: use e.g. 30m, 12h, 7d or 2w")
-    seconds = int(match.group("n")) * _UNIT_SECONDS[match.group("unit")]
-    if seconds <= 0:
-        raise AdminError(f"duration {text!r} must be positive")
-    if seconds > _MAX_DURATION_DAYS * 86400:
-        raise AdminError(
-            f"duration {text!r} is longer than {_MAX_DURATION_DAYS} days (about 10 years); "
-            "leave the expiry out for an override that never expires"
-        )
-    return timedelta(seconds=seconds)
 
 
 class QuotaAdmin:
@@ -153,8 +106,8 @@ class QuotaAdmin:
         """A new plan without rates, last in upgrade order (give it rates with
         ``set_plan_limit``: a tier without a rate does not apply to the plan)."""
         self.check_plans_writable()
-        name_ = _checked(validators.plan_name, name)
-        description_ = _description(description)
+        name_ = inputs.plan_name(name)
+        description_ = inputs.description(description)
 
         def apply(session: Session) -> PlanInfo:
             if session.scalar(select(PlanRecord.id).where(PlanRecord.name == name_)) is not None:
@@ -222,10 +175,10 @@ class QuotaAdmin:
         ``None`` keeps a limit's current algorithm or flag (a new limit's: the
         default algorithm, enforced). ``based_on``: see ``StaleEdit``."""
         self.check_plans_writable()
-        tier_ = _tier(tier)
-        resource_ = _resource(tier_, resource)
-        rate_ = _rate(rate)
-        algorithm_ = _algorithm(algorithm)
+        tier_ = inputs.tier(tier)
+        resource_ = inputs.resource(tier_, resource)
+        rate_ = inputs.rate(rate)
+        algorithm_ = inputs.algorithm(algorithm)
 
         def apply(session: Session) -> PlanInfo:
             record = _locked_plan(session, plan)
@@ -345,8 +298,8 @@ class QuotaAdmin:
         """Remove one rate of a plan: that tier (or resource) then no longer applies to it.
         ``based_on``: see ``StaleEdit``."""
         self.check_plans_writable()
-        tier_ = _tier(tier)
-        resource_ = _resource(tier_, resource)
+        tier_ = inputs.tier(tier)
+        resource_ = inputs.resource(tier_, resource)
 
         def apply(session: Session) -> PlanInfo:
             record = _locked_plan(session, plan)
@@ -374,7 +327,7 @@ class QuotaAdmin:
 
     def create_client(self, name: str, plan: str) -> tuple[ClientInfo, str]:
         """A new client and its API key: the key is returned here once and never stored."""
-        name = _client_name(name)
+        name = inputs.client_name(name)
 
         def apply(session: Session) -> tuple[ClientInfo, str]:
             record = _plan(session, plan)
@@ -448,9 +401,9 @@ class QuotaAdmin:
         expires_in: timedelta | None = None,
     ) -> OverrideInfo:
         """Give a client its own rate for a tier (replacing an earlier one for the same tier)."""
-        tier_ = _tier(tier)
-        resource_ = _resource(tier_, resource)
-        rate_ = _rate(rate)
+        tier_ = inputs.tier(tier)
+        resource_ = inputs.resource(tier_, resource)
+        rate_ = inputs.rate(rate)
         if expires_in is not None and expires_in <= timedelta(0):
             raise AdminError("an override's expiry must be in the future")
         expires_at = utcnow() + expires_in if expires_in is not None else None
@@ -484,7 +437,7 @@ class QuotaAdmin:
         """Delete an override: its client gets the plan's rate again."""
 
         def apply(session: Session) -> OverrideInfo:
-            row = session.get(Override, _positive_id(override_id, "override id"))
+            row = session.get(Override, inputs.positive_id(override_id, "override id"))
             if row is None:
                 raise AdminError(f"no override with id {override_id}")
             info = override_info(row)
@@ -596,69 +549,11 @@ class QuotaAdmin:
         )
 
 
-# -- validation and lookups ---------------------------------------------------
-
-
-def _checked(check: Callable[..., T], *args: Any) -> T:
-    """Run one of ``validators``' checks; its ``ValueError`` becomes an ``AdminError``."""
-    try:
-        return check(*args)
-    except ValueError as exc:
-        raise AdminError(str(exc)) from None
-
-
-def _tier(value: str) -> str:
-    return _checked(validators.tier_name, value).value
-
-
-def _resource(tier: str, resource: str | None) -> str:
-    return _checked(validators.tier_resource, tier, resource)[1]
-
-
-def _rate(text: str) -> str:
-    return _checked(validators.rate_text, text)
-
-
-def _algorithm(value: str | None) -> str | None:
-    """An algorithm's name, or None for ``"default"`` or ``""`` (``QUOTA_ALGORITHM``) and None."""
-    if value is None or value.strip().lower() in (DEFAULT_ALGORITHM, ""):
-        return None
-    try:
-        return validators.algorithm(value.strip().lower()).value
-    except ValueError:
-        choices = f"{validators.ALGORITHM_NAMES}, {DEFAULT_ALGORITHM}"
-        raise AdminError(f"unknown algorithm {value!r}: use one of {choices}") from None
+# -- lookups ------------------------------------------------------------------
 
 
 class _Unchanged(Exception):
     """Raised inside a change to roll it back: there was nothing to do."""
-
-
-_DESCRIPTION_MAX = 500
-
-
-def _description(value: str) -> str:
-    text = str(value).strip()
-    if len(text) > _DESCRIPTION_MAX or not text.isprintable():
-        raise AdminError(
-            f"a plan description must be at most {_DESCRIPTION_MAX} printable characters "
-            "on one line"
-        )
-    return text
-
-
-def _client_name(name: str) -> str:
-    return _checked(validators.client_name, name)
-
-
-def _positive_id(value: int | str, what: str) -> int:
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise AdminError(f"{what} must be a positive integer, got {value!r}") from None
-    if number <= 0:
-        raise AdminError(f"{what} must be a positive integer, got {value!r}")
-    return number
 
 
 def _plan(session: Session, name: str) -> PlanRecord:
@@ -698,7 +593,8 @@ def _client(session: Session, client_id: int | str, *, lock: bool = True) -> Cli
     # Locked (until the change commits) by default: the audit's "before" of one change
     # is then the "after" of the one before it, however many operators edit at once.
     locking = {"key_share": True} if lock else None
-    client = session.get(Client, _positive_id(client_id, "client id"), with_for_update=locking)
+    number = inputs.positive_id(client_id, "client id")
+    client = session.get(Client, number, with_for_update=locking)
     if client is None:
         count = session.scalar(select(func.count()).select_from(Client))
         raise AdminError(f"no client with id {client_id} ({count} clients exist)")

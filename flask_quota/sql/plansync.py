@@ -26,7 +26,8 @@ from ..core import validators
 from ..core.plans import Plan, catalog_from_config, plans_config
 from ..core.tiers import Tier
 from ..settings import PlansSource
-from .admin import AdminError, QuotaAdmin
+from .admin import QuotaAdmin
+from .errors import AdminError
 from .mapping import plan_from_record, plan_limits
 from .models import PlanRecord
 from .store import SqlStore

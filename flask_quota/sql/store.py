@@ -333,10 +333,7 @@ class SqlStore:
     def ensure_ready(self) -> None:
         """Create the tables (own engine only), seed plans and the version row; idempotent.
 
-        Many workers may start at once on a fresh database: PostgreSQL serialises
-        them with an advisory lock, MySQL with a named lock; on SQLite a loser
-        retries after the winner. A slow failure is no such race (the database is
-        down): it is not retried.
+        Racing workers on a fresh database are ``schema.create_and_seed``'s business.
         Within a process, callers (the sync, the CLI, the dashboard) take turns;
         one that waits ``CONNECT_TIMEOUT`` behind another stuck on a hung database
         gives up with ``sqlalchemy.exc.TimeoutError`` rather than trying again itself.

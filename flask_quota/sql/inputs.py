@@ -1,0 +1,116 @@
+"""Operator input, checked before any change: each problem one ``AdminError`` line.
+
+``QuotaAdmin`` runs every argument through here (the CLI and the dashboard pass
+what people typed); the rules themselves are ``core.validators``', whose
+``ValueError`` becomes an ``AdminError`` naming the problem.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from ..core import validators
+from .errors import AdminError
+
+__all__ = [
+    "DEFAULT_ALGORITHM",
+    "algorithm",
+    "client_name",
+    "description",
+    "parse_duration",
+    "plan_name",
+    "positive_id",
+    "rate",
+    "resource",
+    "tier",
+]
+
+T = TypeVar("T")
+
+_DURATION_RE = re.compile(r"(?P<n>[+-]?\d{1,9})\s*(?P<unit>[smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_MAX_DURATION_DAYS = 3650
+# ``set_plan_limit(algorithm=DEFAULT_ALGORITHM)``: the limit follows QUOTA_ALGORITHM again.
+DEFAULT_ALGORITHM = "default"
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"30m"``, ``"12h"``, ``"7d"``, ``"2w"``: a positive span of time, at most
+    3650 days (an expiry further out is a typo; leave it out to never expire)."""
+    match = _DURATION_RE.fullmatch(text.strip().lower())
+    if match is None:
+        raise AdminError(f"malformed duration {text!r}: use e.g. 30m, 12h, 7d or 2w")
+    seconds = int(match.group("n")) * _UNIT_SECONDS[match.group("unit")]
+    if seconds <= 0:
+        raise AdminError(f"duration {text!r} must be positive")
+    if seconds > _MAX_DURATION_DAYS * 86400:
+        raise AdminError(
+            f"duration {text!r} is longer than {_MAX_DURATION_DAYS} days (about 10 years); "
+            "leave the expiry out for an override that never expires"
+        )
+    return timedelta(seconds=seconds)
+
+
+def _checked(check: Callable[..., T], *args: Any) -> T:
+    """Run one of ``validators``' checks; its ``ValueError`` becomes an ``AdminError``."""
+    try:
+        return check(*args)
+    except ValueError as exc:
+        raise AdminError(str(exc)) from None
+
+
+def plan_name(value: str) -> str:
+    return _checked(validators.plan_name, value)
+
+
+def tier(value: str) -> str:
+    return _checked(validators.tier_name, value).value
+
+
+def resource(tier: str, resource: str | None) -> str:
+    return _checked(validators.tier_resource, tier, resource)[1]
+
+
+def rate(text: str) -> str:
+    return _checked(validators.rate_text, text)
+
+
+def algorithm(value: str | None) -> str | None:
+    """An algorithm's name, or None for ``"default"`` or ``""`` (``QUOTA_ALGORITHM``) and None."""
+    if value is None or value.strip().lower() in (DEFAULT_ALGORITHM, ""):
+        return None
+    try:
+        return validators.algorithm(value.strip().lower()).value
+    except ValueError:
+        choices = f"{validators.ALGORITHM_NAMES}, {DEFAULT_ALGORITHM}"
+        raise AdminError(f"unknown algorithm {value!r}: use one of {choices}") from None
+
+
+_DESCRIPTION_MAX = 500
+
+
+def description(value: str) -> str:
+    text = str(value).strip()
+    if len(text) > _DESCRIPTION_MAX or not text.isprintable():
+        raise AdminError(
+            f"a plan description must be at most {_DESCRIPTION_MAX} printable characters "
+            "on one line"
+        )
+    return text
+
+
+def client_name(name: str) -> str:
+    return _checked(validators.client_name, name)
+
+
+def positive_id(value: int | str, what: str) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise AdminError(f"{what} must be a positive integer, got {value!r}") from None
+    if number <= 0:
+        raise AdminError(f"{what} must be a positive integer, got {value!r}")
+    return number
