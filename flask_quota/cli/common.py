@@ -16,7 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..core.tiers import Tier
 from ..sql.admin import QuotaAdmin
-from ..sql.errors import AdminError, TablesMissing, sql_reason
+from ..sql.errors import AdminError, TablesMissing, database_error
 from ..sql.store import SqlStore
 from ..state import QuotaState, get_state
 from ..storage import StorageError
@@ -66,7 +66,7 @@ def one_line_errors(command: F) -> F:
         except StorageError as exc:
             raise click.ClickException(f"the rate-limit storage did not answer: {exc}") from None
         except SQLAlchemyError as exc:
-            raise click.ClickException(f"database error: {sql_reason(exc)}") from None
+            raise click.ClickException(database_error(exc)) from None
 
     return cast(F, wrapper)
 

@@ -26,7 +26,7 @@ from sqlalchemy import inspect
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..sql import migrate
-from ..sql.errors import sql_reason
+from ..sql.errors import database_error
 from ..sql.models import SCHEMA_REVISION, QuotaMeta
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def _one_line_errors(command: F) -> F:
         except CommandError as exc:
             raise click.ClickException(str(exc)) from None
         except SQLAlchemyError as exc:
-            raise click.ClickException(f"database error: {sql_reason(exc)}") from None
+            raise click.ClickException(database_error(exc)) from None
 
     return cast(F, wrapper)
 

@@ -11,6 +11,7 @@ __all__ = [
     "PlansReadOnly",
     "StaleEdit",
     "TablesMissing",
+    "database_error",
     "one_line",
     "sql_reason",
 ]
@@ -57,6 +58,11 @@ def sql_reason(exc: BaseException) -> str:
     when there is one, its first line (a driver's message may span several), or ""."""
     reason = str(getattr(exc, "orig", None) or exc).strip()
     return reason.splitlines()[0] if reason else ""
+
+
+def database_error(exc: BaseException) -> str:
+    """What a command prints when the database failed it: ``database error: <reason>``."""
+    return f"database error: {sql_reason(exc)}"
 
 
 def one_line(exc: BaseException) -> str:
