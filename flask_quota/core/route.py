@@ -2,10 +2,10 @@
 
 For one (plan, endpoint, method, cost, with or without a tenant) the tiers, rates,
 algorithms, the block gate, the storage's encoded arguments and the constant parts
-of the headers are always the same; only the caller's tags in the keys change. A ``Route`` holds
-them, built once by ``Policy.checks`` itself (with placeholders for the tags, so
-its keys are exactly the policy's), and a request does a cache lookup plus one
-concatenation per key. The storage answers a flat ``Reply``; the ``Decision``
+of the headers are always the same; only the caller's tags in the keys change. A
+``Route`` holds them, built once by ``Policy.checks`` itself (with placeholders for
+the tags, so its keys are exactly the policy's), and a request does a cache lookup
+plus one concatenation per key. The storage answers a flat ``Reply``; the ``Decision``
 objects are made from it only when something needs them (a denial, a shadow
 tier, metrics, ``quota.current_decision()``, the dashboard's usage).
 """
