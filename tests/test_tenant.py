@@ -238,3 +238,40 @@ def test_peek_and_reset_reach_the_tenant_bucket(app: Flask, clock: FrozenClock) 
             quota.peek(ip="1.2.3.4", tenant="acme")
     assert get(http, "bob", "acme").status_code == 200
     assert get(http, "globex-user", "globex").status_code == 200
+
+
+def test_the_enforcer_keeps_tenant_and_tenantless_routes_apart(clock: FrozenClock) -> None:
+    """Without Flask: one endpoint's route differs with and without a tenant, whichever
+    comes first, and the tenant's bucket is keyed by the tenant, not the caller."""
+    from flask_quota import Plan, PlanCatalog, QuotaExceeded
+    from flask_quota.core.enforcer import Enforcer, Facts
+    from flask_quota.core.keys import remote_ip_tag
+    from flask_quota.core.policy import Policy
+    from flask_quota.settings import FailMode
+    from flask_quota.storage import MemoryStorage
+    from flask_quota.storage.breaker import CircuitBreaker
+    from flask_quota.storage.failover import GuardedStorage
+
+    plan = Plan("free", user_rate="10/minute", tenant_rate="2/minute")
+    enforcer = Enforcer(
+        guard=GuardedStorage(MemoryStorage(clock), FailMode.OPEN, CircuitBreaker("memory")),
+        policy=Policy(KeyBuilder("quota"), Algorithm.TOKEN_BUCKET),
+        catalog=lambda: PlanCatalog([plan]),
+        anonymous_plan="free",
+        default_plan="free",
+    )
+
+    def decide(who: str, tenant: str | None) -> list[Tier]:
+        facts = Facts("GET", "view", remote_ip_tag("203.0.113.9"), Identity(who, None, tenant))
+        decided = enforcer.decide(facts)
+        assert decided is not None
+        return [r.tier for r in decided.decision().results]
+
+    assert decide("solo", None) == [Tier.USER]
+    assert decide("alice", "acme") == [Tier.TENANT, Tier.USER]
+    assert decide("solo", None) == [Tier.USER]
+    assert decide("bob", "acme") == [Tier.TENANT, Tier.USER]
+    with pytest.raises(QuotaExceeded) as denied:
+        decide("carol", "acme")
+    assert denied.value.tier == Tier.TENANT and denied.value.policy == "tenant"
+    assert decide("dave", "globex") == [Tier.TENANT, Tier.USER]
