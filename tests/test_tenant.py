@@ -15,7 +15,7 @@ from flask_quota.core.keys import KeyBuilder
 from flask_quota.core.plans import catalog_from_config, plan_config
 from flask_quota.core.policy import Decision
 from flask_quota.core.tiers import Tier
-from flask_quota.storage import Storage
+from flask_quota.storage import MemoryStorage, Storage
 from flask_quota.testing import FrozenClock
 from tests.backends import backend  # noqa: F401  (a fixture)
 
@@ -91,8 +91,6 @@ def test_a_denial_by_the_users_own_tier_charges_the_tenant_nothing(
 
 def test_callers_without_a_tenant_skip_the_tier(app: Flask, clock: FrozenClock) -> None:
     """An identity with no tenant, and an anonymous caller, never meet the tenant tier."""
-    from flask_quota.storage import MemoryStorage
-
     storage = MemoryStorage(clock)
     _, http = tenant_app(app, storage)
     assert [get(http, "solo").status_code for _ in range(8)] == [200] * 8
@@ -103,8 +101,6 @@ def test_callers_without_a_tenant_skip_the_tier(app: Flask, clock: FrozenClock) 
 def test_headers_name_the_tenant_tier(app: Flask, clock: FrozenClock) -> None:
     """The tenant's bucket is in RateLimit-Policy and, as the closest tier, in the
     other headers; the 429 keeps them."""
-    from flask_quota.storage import MemoryStorage
-
     _, http = tenant_app(app, MemoryStorage(clock))
     response = get(http, "alice", "acme")
     assert response.headers["RateLimit-Policy"] == (
@@ -123,8 +119,6 @@ def test_headers_name_the_tenant_tier(app: Flask, clock: FrozenClock) -> None:
 
 def test_quota_exceeded_names_the_tenant_tier(app: Flask, clock: FrozenClock) -> None:
     """``quota_exceeded`` is sent for a tenant denial, its decision naming the tier."""
-    from flask_quota.storage import MemoryStorage
-
     _, http = tenant_app(app, MemoryStorage(clock))
     exceeded: list[Decision] = []
 
@@ -140,8 +134,6 @@ def test_quota_exceeded_names_the_tenant_tier(app: Flask, clock: FrozenClock) ->
 def test_a_shadow_tenant_tier_never_denies(app: Flask, clock: FrozenClock) -> None:
     """A shadow tenant tier (``QUOTA_SHADOW`` or the limit's flag) admits everything and
     sends ``quota_shadow_exceeded`` for each request it would have denied."""
-    from flask_quota.storage import MemoryStorage
-
     plans = {"pro": {"tenant": {"rate": "2/minute", "shadow": True}, "user": "100/minute"}}
     _, http = tenant_app(app, MemoryStorage(clock), QUOTA_PLANS=plans)
     shadowed: list[Decision] = []
@@ -156,7 +148,6 @@ def test_a_shadow_tenant_tier_never_denies(app: Flask, clock: FrozenClock) -> No
 
 def test_metrics_count_the_tenant_tier(app: Flask, clock: FrozenClock) -> None:
     """``flask_quota_decisions_total`` has ``tier="tenant"`` series, allowed and denied."""
-    from flask_quota.storage import MemoryStorage
     from tests.prom import Scrape
 
     _, http = tenant_app(app, MemoryStorage(clock), QUOTA_METRICS_URL="/metrics")
@@ -190,8 +181,6 @@ def test_plans_define_a_tenant_tier() -> None:
 
 def test_upgrade_hint_names_a_larger_tenant_rate(app: Flask, clock: FrozenClock) -> None:
     """A tenant-tier 429 points at the next plan with a larger tenant rate."""
-    from flask_quota.storage import MemoryStorage
-
     plans = {
         "pro": {"tenant": "1/minute", "user": "100/minute"},
         "enterprise": {"tenant": "50/minute", "user": "100/minute"},
@@ -224,8 +213,6 @@ def test_a_tenant_key_has_its_own_hash_tag() -> None:
 def test_peek_and_reset_reach_the_tenant_bucket(app: Flask, clock: FrozenClock) -> None:
     """``quota.peek``/``reset`` with ``tenant=``: alone, the tenant's bucket; with an
     identity, that caller's buckets and its tenant's."""
-    from flask_quota.storage import MemoryStorage
-
     quota, http = tenant_app(app, MemoryStorage(clock))
     alternate(http)
     with app.app_context():
@@ -248,7 +235,6 @@ def test_the_enforcer_keeps_tenant_and_tenantless_routes_apart(clock: FrozenCloc
     from flask_quota.core.keys import remote_ip_tag
     from flask_quota.core.policy import Policy
     from flask_quota.settings import FailMode
-    from flask_quota.storage import MemoryStorage
     from flask_quota.storage.breaker import CircuitBreaker
     from flask_quota.storage.failover import GuardedStorage
 
