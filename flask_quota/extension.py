@@ -276,28 +276,38 @@ class Quota:
     # -- inspection -----------------------------------------------------------
 
     def peek(
-        self, identity: str | None = None, ip: str | None = None
+        self, identity: str | None = None, ip: str | None = None, *, tenant: str | None = None
     ) -> list[inspection.BucketState]:
         """The current state of every bucket of a caller, charging nothing.
 
         ``identity`` is an identity or client id; ``ip`` a client address (its
-        global tier; alone, the anonymous caller from that address). Needs an
-        app context. Raises ``StorageError`` when the storage cannot answer.
+        global tier; alone, the anonymous caller from that address); ``tenant``
+        adds the identity's tenant bucket (alone: just the tenant's bucket). Needs
+        an app context. Raises ``StorageError`` when the storage cannot answer.
         """
         state = get_state()
-        caller = inspection.Caller.of(identity, ip)
-        plan = inspection.plan_of(state, caller)
-        return inspection.peek(state, inspection.caller_checks(current_app, state, caller, plan))
+        return inspection.peek(state, self._buckets(state, identity, ip, tenant))
 
-    def reset(self, identity: str | None = None, ip: str | None = None) -> int:
+    def reset(
+        self, identity: str | None = None, ip: str | None = None, *, tenant: str | None = None
+    ) -> int:
         """Empty every bucket of a caller so its limits start afresh; returns how many.
 
-        Takes the same arguments as ``peek``. Needs an app context.
+        Takes the same arguments as ``peek``: ``reset(tenant="acme")`` empties the
+        tenant's own bucket, shared by all its callers. Needs an app context.
         """
         state = get_state()
-        caller = inspection.Caller.of(identity, ip)
+        return inspection.reset(state, self._buckets(state, identity, ip, tenant))
+
+    @staticmethod
+    def _buckets(
+        state: QuotaState, identity: str | None, ip: str | None, tenant: str | None
+    ) -> list[inspection.TierCheck]:
+        if tenant is not None and identity is None and ip is None:
+            return inspection.tenant_checks(state, tenant)
+        caller = inspection.Caller.of(identity, ip, tenant)
         plan = inspection.plan_of(state, caller)
-        return inspection.reset(state, inspection.caller_checks(current_app, state, caller, plan))
+        return inspection.caller_checks(current_app, state, caller, plan)
 
     def block(
         self,

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 ROUTES = 4096  # routes per generation of the route cache
-RouteKey = tuple[int, str | None, str, int, bool]
+RouteKey = tuple[int, str | None, str, int, bool, bool]
 
 # What ``DecisionObserver.unavailable`` is told: the storage could not answer, and
 # the fail mode refused the request (closed) or let it through (open).
@@ -177,6 +177,7 @@ class Enforcer:
         block's), so that the 429 still gets its rate-limit headers."""
         catalog = self.catalog()
         identity = facts.identity
+        tenant = None
         if identity is None:
             tag = facts.ip_tag
             plan = catalog.resolve(self.anonymous_plan, None, fallback=self.default_plan)
@@ -184,14 +185,20 @@ class Enforcer:
             tag = KeyBuilder.identity_tag(identity.id)
             plan_name = identity.plan or self.default_plan
             plan = catalog.resolve(plan_name, identity.id, fallback=self.default_plan)
+            if identity.tenant is not None and plan.tenant_rate is not None:
+                tenant = KeyBuilder.tenant_tag(identity.tenant)
         spec = facts.spec
         resource = (spec.resource or facts.endpoint) if spec is not None else None
-        route = self.route(catalog, plan, facts.endpoint, facts.method, spec, resource, facts.cost)
+        route = self.route(
+            catalog, plan, facts.endpoint, facts.method, spec, resource, facts.cost,
+            tenant=tenant is not None,
+        )  # fmt: skip
         if not route.tiers:
             return None
         owner = KeyBuilder.key_tag(facts.owner) if facts.owner is not None else tag
-        # The caller's block gate is read in the same storage call as its tiers.
-        keys = route.keys(facts.ip_tag, tag, owner)
+        # The caller's block gate is read in the same storage call as its tiers (and its
+        # tenant's bucket in the same call too: all-or-nothing across them).
+        keys = route.keys(facts.ip_tag, tag, owner, tenant or "")
         observer = self.observer
         reply = self._ask(route, keys, plan) if observer is not None else self._call(route, keys)
         if reply is None:  # storage down, failing open
@@ -282,12 +289,15 @@ class Enforcer:
         spec: LimitSpec | None,
         resource: str | None,
         cost: int,
+        *,
+        tenant: bool = False,
     ) -> Route:
-        """The request's ``Route``, built on first use (``plan`` comes from ``catalog``)."""
+        """The request's ``Route``, built on first use (``plan`` comes from ``catalog``);
+        ``tenant``: the caller has a tenant and the plan a tenant tier."""
         if catalog is not self.routes_of:
             self.routes.clear()
             self.routes_of = catalog
-        key = (id(plan), endpoint, method, cost, spec is None)
+        key = (id(plan), endpoint, method, cost, spec is None, tenant)
         found = self.routes.current.get(key)
         if found is None or found.plan is not plan:  # the entry holds its plan: ids stay unique
             found = self._new_route(catalog, key, plan, spec, resource)
@@ -309,13 +319,14 @@ class Enforcer:
         """
         found = self.routes.recall(key)
         if found is None or found.plan is not plan:
-            _, endpoint, method, cost, _ = key
+            _, endpoint, method, cost, _, tenant = key
             if cost == 1:
                 found = build_route(
-                    self.policy, plan, method=method, spec=spec, resource=resource, cost=1
-                )
+                    self.policy, plan, method=method, spec=spec, resource=resource, cost=1,
+                    tenant=tenant,
+                )  # fmt: skip
             else:
-                unit = self.route(catalog, plan, endpoint, method, spec, resource, 1)
+                unit = self.route(catalog, plan, endpoint, method, spec, resource, 1, tenant=tenant)
                 found = unit.costing(cost)
             self.routes.put(key, found)
         return found

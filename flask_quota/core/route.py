@@ -1,11 +1,11 @@
 """A request's shape: everything about its checks that does not depend on the caller.
 
-For one (plan, endpoint, method, cost) the tiers, rates, algorithms, the block
-gate, the storage's encoded arguments and the constant parts of the headers are
-always the same; only the caller's tags in the keys change. A ``Route`` holds
-them, built once by ``Policy.checks`` itself (with placeholders for the tags, so
-its keys are exactly the policy's), and a request does a cache lookup plus one
-concatenation per key. The storage answers a flat ``Reply``; the ``Decision``
+For one (plan, endpoint, method, cost, with or without a tenant) the tiers, rates,
+algorithms, the block gate, the storage's encoded arguments and the constant parts
+of the headers are always the same; only the caller's tags in the keys change. A
+``Route`` holds them, built once by ``Policy.checks`` itself (with placeholders for
+the tags, so its keys are exactly the policy's), and a request does a cache lookup
+plus one concatenation per key. The storage answers a flat ``Reply``; the ``Decision``
 objects are made from it only when something needs them (a denial, a shadow
 tier, metrics, ``quota.current_decision()``, the dashboard's usage).
 """
@@ -38,8 +38,9 @@ __all__ = ["Route", "build_route"]
 
 # Stand-ins for the caller's tags while a route's keys are built: a NUL never occurs
 # in a tag (``escape`` percent-encodes it), so each key splits at exactly one of them.
-_MARKS = ("\x00ip\x00", "\x00who\x00", "\x00key\x00")
-IP, WHO, KEY = range(3)  # which tag a key takes: the IP's, the caller's, a key= owner's
+_MARKS = ("\x00ip\x00", "\x00who\x00", "\x00key\x00", "\x00tenant\x00")
+# Which tag a key takes: the IP's, the caller's, a key= owner's, the caller's tenant's.
+IP, WHO, KEY, TENANT = range(4)
 
 
 class Route:
@@ -89,9 +90,10 @@ class Route:
         variant.calls = (self.calls[0], *(t.check for t in variant.tiers))
         return variant
 
-    def keys(self, ip_tag: str, tag: str, key_tag: str) -> list[str]:
-        """The request's keys, in ``calls`` order: the caller's tags put in."""
-        tags = (ip_tag, tag, key_tag)
+    def keys(self, ip_tag: str, tag: str, key_tag: str, tenant_tag: str = "") -> list[str]:
+        """The request's keys, in ``calls`` order: the caller's tags put in
+        (``tenant_tag`` only on a route built with a tenant)."""
+        tags = (ip_tag, tag, key_tag, tenant_tag)
         return [head + tags[which] + tail for head, which, tail in self.parts]
 
     def checks(self, keys: Sequence[str]) -> list[Check]:
@@ -151,8 +153,10 @@ def build_route(
     spec: LimitSpec | None,
     resource: str | None,
     cost: int,
+    tenant: bool = False,
 ) -> Route:
-    """The route of a request, from the policy's own checks with placeholder tags."""
+    """The route of a request, from the policy's own checks with placeholder tags;
+    ``tenant``: the caller has a tenant, so its tenant tier applies."""
     keyed_by = _MARKS[KEY] if spec is not None and spec.key is not None else None
     tiers = policy.checks(
         plan,
@@ -163,6 +167,7 @@ def build_route(
         resource=resource,
         cost=cost,
         endpoint_tag=keyed_by,
+        tenant_tag=_MARKS[TENANT] if tenant else None,
     )
     return Route(plan, tiers, gate_check(policy.keys, _MARKS[WHO]))
 
