@@ -296,7 +296,7 @@ def test_identity_named_like_an_ip_is_not_shown_as_that_ip(ops_app: Flask) -> No
 
 
 def test_near_limit_lists_identities_above_80_percent_of_a_tier(ops_app: Flask) -> None:
-    """Identities with a bucket more than 80% used are listed with the tier and
+    """Identities with a bucket at least 80% used (QUOTA_NEAR_LIMIT) are listed with the tier and
     remaining/limit (JSON and page); one at 67% or less is not."""
     http = ops_app.test_client()
     for _ in range(2):

@@ -29,6 +29,7 @@ from .headers import (
     printable,
     sf_string,
 )
+from .near import room
 from .plans import Plan
 from .policy import Decision, LimitSpec, Policy, TierCheck, TierResult, gate_check
 from .reply import Reply
@@ -52,9 +53,11 @@ class Route:
     """
 
     __slots__ = ("calls", "enforced", "labels", "limit_texts", "limits", "names", "parts",
-                 "plan", "policy", "shadow", "shown_among", "tiers")  # fmt: skip
+                 "plan", "policy", "rooms", "shadow", "shown_among", "tiers")  # fmt: skip
 
-    def __init__(self, plan: Plan, tiers: Sequence[TierCheck], gate: Check) -> None:
+    def __init__(
+        self, plan: Plan, tiers: Sequence[TierCheck], gate: Check, near: float | None = None
+    ) -> None:
         self.plan = plan
         self.tiers = tuple(tiers)
         self.calls: tuple[Check, ...] = (gate, *(t.check for t in tiers))
@@ -65,6 +68,8 @@ class Route:
         self.shown_among = tuple(i + 1 for i in self.enforced)  # as checks: the gate is 0
         self.limits = tuple(shown_limit(t.check) for t in tiers)
         self.limit_texts = tuple(str(limit) for limit in self.limits)
+        # Per tier, what is left at the near-limit line (``near``: QUOTA_NEAR_LIMIT); empty: off.
+        self.rooms = () if near is None else tuple(room(limit, near) for limit in self.limits)
         self.names = tuple(printable(t.name) for t in tiers)
         self.labels = tuple(sf_string(t.name) for t in tiers)
         self.policy = policy_header(
@@ -104,6 +109,14 @@ class Route:
             TierCheck(t.tier, t.name, c, t.resource)
             for t, c in zip(self.tiers, keyed(self.calls[1:], keys[1:]), strict=True)
         ]
+
+    def crossings(self, reply: Reply) -> list[int]:
+        """The tiers (indexes into ``tiers``) that this admitted request took across the
+        near-limit line; empty when the line is off."""
+        rooms = self.rooms
+        if not rooms:
+            return []
+        return [i for i, t in enumerate(self.tiers) if reply.crossed(i + 1, rooms[i], t.check.cost)]
 
     def decision(self, reply: Reply) -> tuple[Outcome | None, Decision]:
         """(the block gate's outcome if it denies, else None; the tiers' decision)."""
@@ -151,8 +164,10 @@ def build_route(
     spec: LimitSpec | None,
     resource: str | None,
     cost: int,
+    near: float | None = None,
 ) -> Route:
-    """The route of a request, from the policy's own checks with placeholder tags."""
+    """The route of a request, from the policy's own checks with placeholder tags
+    (``near``: QUOTA_NEAR_LIMIT, the share whose crossing the route reports)."""
     keyed_by = _MARKS[KEY] if spec is not None and spec.key is not None else None
     tiers = policy.checks(
         plan,
@@ -164,7 +179,7 @@ def build_route(
         cost=cost,
         endpoint_tag=keyed_by,
     )
-    return Route(plan, tiers, gate_check(policy.keys, _MARKS[WHO]))
+    return Route(plan, tiers, gate_check(policy.keys, _MARKS[WHO]), near)
 
 
 def _split(key: str) -> tuple[str, int, str]:
