@@ -32,7 +32,6 @@ FUNCTIONS = {
 LEVELS = [{"or"}, {"and", "unless"}, {"==", "!=", ">", "<", ">=", "<="}, {"+", "-"},
           {"*", "/", "%", "atan2"}, {"^"}]  # fmt: skip
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool"}
-DURATION = re.compile(r"(?:\d+(?:ms|s|m|h|d|w|y))+|\$__(?:rate_interval|interval|range)")
 
 _TOKEN = re.compile(
     r"""\s*(?:

@@ -166,3 +166,23 @@ def test_without_the_setting_there_is_no_status_view(app: Flask) -> None:
     """QUOTA_STATUS_URL=None (the default) serves nothing."""
     http, _ = status_app(app, storage=MemoryStorage(FrozenClock()), QUOTA_STATUS_URL=None)
     assert http.get("/rate_limit").status_code == 404
+
+
+def test_the_demo_serves_the_status(tmp_path: Path) -> None:
+    """The demo (wsgi.py) answers GET /rate_limit for a caller who searched once."""
+    from wsgi import create_app
+
+    demo = create_app(
+        {
+            "QUOTA_DASHBOARD_URL": None,
+            "QUOTA_DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
+        }
+    )
+    http = demo.test_client()
+    assert "GET /rate_limit" in http.get("/").get_json()["endpoints"]
+    http.get("/v1/search?q=x")
+    body = http.get("/rate_limit").get_json()
+    assert body["plan"] == "free"
+    searched = [r for r in body["limits"] if r["resource"] == "bulk_search"]
+    assert searched and searched[0]["remaining"] == searched[0]["limit"] - 1
+    demo.extensions["quota"].sql.close()
