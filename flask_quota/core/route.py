@@ -52,8 +52,8 @@ class Route:
     encoding by identity. ``costing()`` derives the route of another cost.
     """
 
-    __slots__ = ("calls", "enforced", "labels", "limit_texts", "limits", "names", "parts",
-                 "plan", "policy", "rooms", "shadow", "shown_among", "tiers")  # fmt: skip
+    __slots__ = ("calls", "enforced", "labels", "limit_texts", "limits", "lines", "names",
+                 "parts", "plan", "policy", "rooms", "shadow", "shown_among", "tiers")  # fmt: skip
 
     def __init__(
         self, plan: Plan, tiers: Sequence[TierCheck], gate: Check, near: float | None = None
@@ -70,6 +70,7 @@ class Route:
         self.limit_texts = tuple(str(limit) for limit in self.limits)
         # Per tier, what is left at the near-limit line (``near``: QUOTA_NEAR_LIMIT); empty: off.
         self.rooms = () if near is None else tuple(room(limit, near) for limit in self.limits)
+        self.lines = self._lines()
         self.names = tuple(printable(t.name) for t in tiers)
         self.labels = tuple(sf_string(t.name) for t in tiers)
         self.policy = policy_header(
@@ -92,7 +93,17 @@ class Route:
             for c in (t.check,)
         )
         variant.calls = (self.calls[0], *(t.check for t in variant.tiers))
+        variant.lines = variant._lines()
         return variant
+
+    def _lines(self) -> tuple[tuple[int, int, int], ...]:
+        """``Reply.crossings``' (check, room, cost) per tier; empty when the line is off.
+        A tier of cost 0 takes nothing, so it crosses nothing."""
+        if not self.rooms:
+            return ()
+        return tuple(
+            (i + 1, self.rooms[i], t.check.cost) for i, t in enumerate(self.tiers) if t.check.cost
+        )
 
     def keys(self, ip_tag: str, tag: str, key_tag: str) -> list[str]:
         """The request's keys, in ``calls`` order: the caller's tags put in."""
@@ -113,10 +124,11 @@ class Route:
     def crossings(self, reply: Reply) -> list[int]:
         """The tiers (indexes into ``tiers``) that this admitted request took across the
         near-limit line; empty when the line is off."""
-        rooms = self.rooms
-        if not rooms:
+        lines = self.lines
+        if not lines:
             return []
-        return [i for i, t in enumerate(self.tiers) if reply.crossed(i + 1, rooms[i], t.check.cost)]
+        found = reply.crossings(lines)
+        return [i - 1 for i in found] if found else found
 
     def decision(self, reply: Reply) -> tuple[Outcome | None, Decision]:
         """(the block gate's outcome if it denies, else None; the tiers' decision)."""
