@@ -150,3 +150,42 @@ def test_the_line_is_exact_for_decimal_shares() -> None:
     assert room(3, 0.1) == 2
     assert is_near(10, 2, 0.8) and not is_near(10, 3, 0.8)
     assert not is_near(0, 0, 0.8)
+
+
+@pytest.fixture(scope="module")
+def sentinels(tmp_path_factory: pytest.TempPathFactory, server_kind: str) -> Iterator[Any]:
+    from tests.conftest import need_server
+    from tests.sentinel import SentinelGroup
+
+    need_server(server_kind)
+    group = SentinelGroup(tmp_path_factory.mktemp("sentinel"), kind=server_kind)
+    yield group
+    group.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+@pytest.mark.parametrize("backend", ["cluster", "sentinels"])
+def test_cluster_and_sentinel_hear_the_crossing_once(
+    backend: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    heard: list[tuple[Any, Any, Any]],
+    close_sql: Callable[[Flask], Flask],
+) -> None:
+    """The same on a Redis Cluster (global and user keys in different slots, decided per
+    slot) and behind Sentinel: two apps, twelve alternating requests, one crossing."""
+    url = request.getfixturevalue(backend).url
+    prefix = f"near{backend}{id(heard)}"
+    apps = [
+        close_sql(
+            near_app(
+                tmp_path, name, QUOTA_STORAGE_URL=url, QUOTA_KEY_PREFIX=prefix,
+                QUOTA_STORAGE_TIMEOUT=0.5,
+            )[0]
+        )  # fmt: skip
+        for name in ("one", "two")
+    ]
+    statuses = [apps[i % 2].test_client().get("/items").status_code for i in range(12)]
+    assert statuses == [200] * 10 + [429, 429]
+    assert [(c.name, c.outcome.remaining) for _, _, c in heard] == [("user", 2)]
