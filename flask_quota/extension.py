@@ -354,7 +354,9 @@ class Quota:
             state: QuotaState = app.extensions["quota"]
             identity = self._identify(state.settings, req)
             facts = Facts(req.method, req.endpoint, remote_ip_tag(req.remote_addr), identity)
-            found = caller_status(state.enforcer, facts, limited_endpoints(app))
+            enforcer, settings = state.enforcer, state.settings
+            endpoints = limited_endpoints(app)
+            found = caller_status(enforcer, facts, endpoints, charge=settings.enabled)
             response = jsonify(found.as_json())
             response.headers["Cache-Control"] = "no-store"  # one caller's, and it changes
             return response

@@ -314,6 +314,20 @@ def test_near_limit_lists_identities_above_80_percent_of_a_tier(ops_app: Flask) 
     assert "bob" not in body and "cy" not in body
 
 
+def test_near_limit_list_follows_quota_near_limit(tmp_path: Path) -> None:
+    """The list's line is QUOTA_NEAR_LIMIT's (the signal's rule): at 0.5, a bucket half
+    used is listed, and the page says 50%."""
+    app = dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH}, QUOTA_NEAR_LIMIT=0.5)
+    http = app.test_client()
+    http.post("/infer", headers={"X-User": "bob"})  # ai 1 of 2 used: 50%
+    flush(app)
+    near = http.get("/quota/api/overview", headers=OPS).get_json()["near_limit"]
+    assert [(r["tag"], r["bucket"], r["used_percent"]) for r in near] == [
+        ("id=bob", "ai (POST)", 50)
+    ]
+    assert "at least 50% used" in http.get("/quota/", headers=OPS).get_data(as_text=True)
+
+
 def _svg_texts(svg: bytes) -> list[tuple[str, float, float]]:
     """(text, x, y) of every <text> of an SVG."""
     import xml.etree.ElementTree as ET

@@ -177,15 +177,8 @@ def test_cluster_and_sentinel_hear_the_crossing_once(
     slot) and behind Sentinel: two apps, twelve alternating requests, one crossing."""
     url = request.getfixturevalue(backend).url
     prefix = f"near{backend}{id(heard)}"
-    apps = [
-        close_sql(
-            near_app(
-                tmp_path, name, QUOTA_STORAGE_URL=url, QUOTA_KEY_PREFIX=prefix,
-                QUOTA_STORAGE_TIMEOUT=0.5,
-            )[0]
-        )  # fmt: skip
-        for name in ("one", "two")
-    ]
+    config = {"QUOTA_STORAGE_URL": url, "QUOTA_KEY_PREFIX": prefix, "QUOTA_STORAGE_TIMEOUT": 0.5}
+    apps = [close_sql(near_app(tmp_path, name, **config)[0]) for name in ("one", "two")]
     statuses = [apps[i % 2].test_client().get("/items").status_code for i in range(12)]
     assert statuses == [200] * 10 + [429, 429]
     assert [(c.name, c.outcome.remaining) for _, _, c in heard] == [("user", 2)]

@@ -88,6 +88,14 @@ def test_status_reads_without_charging_but_the_global_tier(
     ]  # fmt: skip
 
 
+def test_with_enforcement_off_nothing_is_charged(app: Flask) -> None:
+    """QUOTA_ENABLED=False: the status still reads every bucket, and charges none."""
+    http, _ = status_app(app, storage=MemoryStorage(FrozenClock()), QUOTA_ENABLED=False)
+    for _ in range(5):
+        body = http.get("/rate_limit").get_json()
+        assert {r["policy"]: r["remaining"] for r in body["limits"]} == {"global": 3, "user": 2}
+
+
 def test_an_anonymous_caller_is_answered_by_its_address(app: Flask) -> None:
     """No key: the anonymous plan's buckets for the caller's IP."""
     http, _ = status_app(app, storage=MemoryStorage(FrozenClock()))

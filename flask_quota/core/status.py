@@ -67,10 +67,15 @@ class CallerStatus:
 
 
 def caller_status(
-    enforcer: Enforcer, facts: Facts, endpoints: Sequence[tuple[str, str, LimitSpec]]
+    enforcer: Enforcer,
+    facts: Facts,
+    endpoints: Sequence[tuple[str, str, LimitSpec]],
+    *,
+    charge: bool = True,
 ) -> CallerStatus:
     """The status of ``facts``' caller over the app's limited ``endpoints`` ((method,
-    resource, spec), as ``state.limited_endpoints`` lists them).
+    resource, spec), as ``state.limited_endpoints`` lists them); ``charge=False``
+    (enforcement switched off) reads the global tier too.
 
     Raises as ``Enforcer.decide`` does: ``QuotaExceeded`` when the global tier denies
     the status request itself (``CallerBlocked`` for a blocked caller), and
@@ -84,8 +89,8 @@ def caller_status(
         plan, ip_tag=facts.ip_tag, identity_tag=tag, method=facts.method,
         spec=None, resource=None, cost=1,
     )  # fmt: skip
-    charged = [t for t in own if t.tier is Tier.GLOBAL]
-    read = [t for t in own if t.tier is not Tier.GLOBAL]
+    charged = [t for t in own if t.tier is Tier.GLOBAL] if charge else []
+    read = [t for t in own if t.tier is not Tier.GLOBAL or not charge]
     seen = {t.check.key for t in own}
     for method, resource, spec in endpoints:
         if spec.key is not None:
