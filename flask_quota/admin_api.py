@@ -19,6 +19,7 @@ from .admin import (
 from .core.clock import US, seconds_until, wall_clock_us
 from .core.identity import client_ip
 from .core.keys import KeyBuilder, Tag
+from .core.near import is_near
 from .core.policy import gate_check
 from .models import Client
 from .sql_store import TablesMissing, sql_reason
@@ -67,6 +68,7 @@ __all__ = [
     "exempt",
     "gate_check",
     "get_state",
+    "is_near",
     "is_tag",
     "list_blocks",
     "parse_duration",

@@ -85,9 +85,9 @@ def test_a_client_moves_to_another_tenant(app: Flask) -> None:
 
 
 def test_an_override_aimed_at_a_tenant_applies_to_all_its_clients(app: Flask) -> None:
-    """`overrides set --tenant T TIER RATE`: the tenant's bucket (or its callers' own
-    tier) takes the rate; a client's own override still wins over its tenant's."""
-    client_id, alice = create(app, "alice", "--plan", "pro", "--tenant", "acme")
+    """`overrides set --tenant T TIER RATE`: the tenant's bucket takes the rate for all
+    its clients; setting it again replaces it."""
+    _, alice = create(app, "alice", "--plan", "pro", "--tenant", "acme")
     _, bob = create(app, "bob", "--plan", "pro", "--tenant", "acme")
     _, carol = create(app, "carol", "--plan", "pro", "--tenant", "globex")
     result = run(app, "overrides", "set", "--tenant", "acme", "tenant", "7/minute")
@@ -121,3 +121,14 @@ def test_bad_tenant_input_is_refused_and_changes_nothing(
     listing = app.test_cli_runner().invoke(args=["quota", "clients", "list"]).output
     assert not re.search(r"^\d+\s+x\s", listing, re.M)
     assert "five" not in app.test_cli_runner().invoke(args=["quota", "overrides", "list"]).output
+
+
+def test_a_clients_own_override_wins_over_its_tenants(app: Flask) -> None:
+    """A tenant override of the user tier reaches every client of the tenant; a
+    client's own override of that tier wins over it."""
+    alice_id, alice = create(app, "alice", "--plan", "free", "--tenant", "acme")
+    _, bob = create(app, "bob", "--plan", "free", "--tenant", "acme")
+    assert run(app, "overrides", "set", "--tenant", "acme", "user", "2/hour").exit_code == 0
+    assert run(app, "overrides", "set", "--client", str(alice_id), "user", "3/hour").exit_code == 0
+    assert statuses(app, [bob] * 3) == [200, 200, 429]
+    assert statuses(app, [alice] * 4) == [200, 200, 200, 429]
