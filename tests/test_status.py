@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flask import Flask
+from flask import Flask, request
 from flask.testing import FlaskClient
 
 from flask_quota import Identity, Quota
@@ -194,3 +194,31 @@ def test_the_demo_serves_the_status(tmp_path: Path) -> None:
     searched = [r for r in body["limits"] if r["resource"] == "bulk_search"]
     assert searched and searched[0]["remaining"] == searched[0]["limit"] - 1
     demo.extensions["quota"].sql.close()
+
+
+def test_status_shows_the_tenants_bucket(app: Flask) -> None:
+    """A caller of a tenant sees the tenant's bucket, spent by its colleagues too."""
+    app.config.update(
+        QUOTA_PLANS={"team": {"tenant": "5/minute", "user": "10/minute"}},
+        QUOTA_DEFAULT_PLAN="team",
+        QUOTA_ANONYMOUS_PLAN="team",
+        QUOTA_STATUS_URL="/rate_limit",
+    )
+    quota = Quota(app, storage=MemoryStorage(FrozenClock()))
+
+    @quota.identity_loader
+    def who() -> Identity | None:
+        name = request.headers.get("X-User")
+        return Identity(name, "team", tenant="acme") if name else None
+
+    @app.get("/items")
+    def items() -> str:
+        return "ok"
+
+    http = app.test_client()
+    assert http.get("/items", headers={"X-User": "bob"}).status_code == 200
+    body = http.get("/rate_limit", headers={"X-User": "alice"}).get_json()
+    assert body["tenant"] == "acme"
+    rows = by_policy(body)
+    assert (rows["tenant"]["tier"], rows["tenant"]["remaining"]) == ("tenant", 4)
+    assert rows["user"]["remaining"] == 10
