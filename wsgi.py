@@ -14,6 +14,9 @@ The operator dashboard is mounted at ``/quota`` (``QUOTA_DASHBOARD_URL``). Its
 login is user ``ops`` with ``DEMO_DASHBOARD_PASSWORD``, or ``QUOTA_DASHBOARD_USERS``
 (JSON of Werkzeug hashes); with neither, a password is generated at first start,
 printed, and kept in ``instance/dashboard-login.txt``. Never a fixed default.
+
+A caller reads its own quota at ``GET /rate_limit`` (``QUOTA_STATUS_URL``): its
+plan and every bucket of it, counted on the global tier only.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     app = Flask(__name__, instance_relative_config=True)
     instance = Path(app.instance_path)
     app.config["QUOTA_DASHBOARD_URL"] = "/quota"
+    app.config["QUOTA_STATUS_URL"] = "/rate_limit"  # the caller's own quota, as JSON
     app.config.update({k: v for k, v in os.environ.items() if k.startswith("QUOTA_")})
     app.config.update(config or {})
     # Serving, not a `flask ...` command: only then announce logins and make demo clients.
@@ -70,6 +74,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
                 "POST /v1/ai/infer",
                 "POST /v1/ai/chat",
                 "GET /healthz",
+                "GET /rate_limit",
             ],
             api_key_header=app.config["QUOTA_API_KEY_HEADER"],
             worker=os.getpid(),  # which gunicorn worker answered

@@ -31,6 +31,7 @@ from flask_quota.admin_api import (
     caller_checks,
     client_ip,
     gate_check,
+    is_near,
     is_tag,
     peek,
     plan_of,
@@ -58,7 +59,7 @@ __all__ = [
 ]
 
 TOP = 10
-NEAR_LIMIT = 0.8  # a bucket more than this much used is "about to hit the limit" (Envoy's idea)
+DEFAULT_NEAR_LIMIT = 0.8  # the list's line while QUOTA_NEAR_LIMIT=None turns the warning off
 KIND_LABELS = {"ip": "IP", "client": "client", "user": "user"}
 FAIL_MODE_EFFECTS = {
     "open": "API requests pass without limits",
@@ -359,11 +360,19 @@ def overview(app: Flask, state: QuotaState, reads: Reads) -> dict[str, Any]:
     }
 
 
+def near_limit(state: QuotaState) -> float:
+    """The share of a bucket from which it is "about to hit the limit": ``QUOTA_NEAR_LIMIT``."""
+    return state.settings.near_limit or DEFAULT_NEAR_LIMIT
+
+
 def _top(
     app: Flask, state: QuotaState, reads: Reads, tags: list[str], requests: Counter[str]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The top identities with the bucket closest to its limit, and every bucket of theirs
-    more than ``NEAR_LIMIT`` used (most used first): both from one peek."""
+    on or above ``near_limit(state)`` used (most used first): both from one peek. The
+    line is ``signals.quota_near_limit``'s (``is_near``), so the list shows exactly the
+    buckets whose crossing was signalled and has not refilled below it."""
+    share = near_limit(state)
     known = _plans_of(state, reads, [t for t in tags if Tag(t).is_identity])
     rows: list[dict[str, Any]] = []
     all_checks: list[TierCheck] = []
@@ -390,7 +399,7 @@ def _top(
             }
         )
         for b in mine:
-            if b.used_fraction > NEAR_LIMIT:
+            if is_near(b.limit, b.remaining, share):
                 entry = {
                     **who,
                     "plan": plan.name,

@@ -143,7 +143,9 @@ def _app() -> Flask:
 
 def overview_page() -> str:
     return render_template(
-        "quota/overview.html", data=_overview(), near_percent=round(100 * data.NEAR_LIMIT)
+        "quota/overview.html",
+        data=_overview(),
+        near_percent=round(100 * data.near_limit(get_state())),
     )
 
 

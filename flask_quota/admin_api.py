@@ -10,6 +10,7 @@ from __future__ import annotations
 from .core.clock import US, seconds_until, wall_clock_us
 from .core.identity import client_ip
 from .core.keys import KeyBuilder, Tag
+from .core.near import is_near
 from .core.policy import gate_check
 from .sql.admin import PlanInfo, QuotaAdmin
 from .sql.errors import (
@@ -67,6 +68,7 @@ __all__ = [
     "exempt",
     "gate_check",
     "get_state",
+    "is_near",
     "is_tag",
     "list_blocks",
     "parse_duration",

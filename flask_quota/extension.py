@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from blinker import NamedSignal
-from flask import Blueprint, Flask, Request, Response, current_app, g, request
+from flask import Blueprint, Flask, Request, Response, current_app, g, jsonify, request
 
 from . import signals
 from .cli import quota_cli
@@ -22,13 +22,16 @@ from .core.errors import InvalidApiKey, QuotaExceeded
 from .core.headers import apply_headers, rate_limit_headers
 from .core.identity import Identity, plausible_api_key
 from .core.keys import KeyBuilder, remote_ip_tag
-from .core.policy import Decision, LimitSpec, Policy
+from .core.observers import combined
+from .core.policy import Decision, LimitSpec, Policy, TierResult
 from .core.rates import Rate, Rates, parse_rates
+from .core.status import caller_status
+from .otel import span_observer
 from .settings import DEFAULTS, Settings, reference
 from .sql import plansync
 from .sql.errors import KeysUnavailable
 from .sql.store import SqlStore
-from .state import LIMIT_ATTR, QuotaState, exempt, get_state, limit_of
+from .state import LIMIT_ATTR, QuotaState, exempt, get_state, limit_of, limited_endpoints
 from .storage import Storage, storage_from_url
 from .storage.breaker import CircuitBreaker
 from .storage.denycache import DenyCache
@@ -146,7 +149,8 @@ class Quota:
             refusal=lambda decision, gate, key: blocks.refusal(state, decision, gate, key),
             escalate=escalate,
             events=_Signals(app),
-            observer=metrics,
+            observer=combined(metrics, span_observer()),
+            near=settings.near_limit,
         )
         state = app.extensions["quota"] = QuotaState(
             quota=self,
@@ -168,6 +172,8 @@ class Quota:
             app.register_blueprint(make_blueprint(), url_prefix=settings.dashboard_url)
         if metrics is not None and settings.metrics_url is not None:
             app.add_url_rule(settings.metrics_url, "flask_quota_metrics", _metrics_view(metrics))
+        if settings.status_url is not None:
+            app.add_url_rule(settings.status_url, "flask_quota_status", self._status_view())
         if self._api_key_loader is None:
             self._api_key_loader = _sql_api_key  # a loader registered later replaces it
         app.cli.add_command(quota_cli)
@@ -278,28 +284,38 @@ class Quota:
     # -- inspection -----------------------------------------------------------
 
     def peek(
-        self, identity: str | None = None, ip: str | None = None
+        self, identity: str | None = None, ip: str | None = None, *, tenant: str | None = None
     ) -> list[inspection.BucketState]:
         """The current state of every bucket of a caller, charging nothing.
 
         ``identity`` is an identity or client id; ``ip`` a client address (its
-        global tier; alone, the anonymous caller from that address). Needs an
-        app context. Raises ``StorageError`` when the storage cannot answer.
+        global tier; alone, the anonymous caller from that address); ``tenant``
+        adds the identity's tenant bucket (alone: just the tenant's bucket). Needs
+        an app context. Raises ``StorageError`` when the storage cannot answer.
         """
         state = get_state()
-        caller = inspection.Caller.of(identity, ip)
-        plan = inspection.plan_of(state, caller)
-        return inspection.peek(state, inspection.caller_checks(current_app, state, caller, plan))
+        return inspection.peek(state, self._buckets(state, identity, ip, tenant))
 
-    def reset(self, identity: str | None = None, ip: str | None = None) -> int:
+    def reset(
+        self, identity: str | None = None, ip: str | None = None, *, tenant: str | None = None
+    ) -> int:
         """Empty every bucket of a caller so its limits start afresh; returns how many.
 
-        Takes the same arguments as ``peek``. Needs an app context.
+        Takes the same arguments as ``peek``: ``reset(tenant="acme")`` empties the
+        tenant's own bucket, shared by all its callers. Needs an app context.
         """
         state = get_state()
-        caller = inspection.Caller.of(identity, ip)
+        return inspection.reset(state, self._buckets(state, identity, ip, tenant))
+
+    @staticmethod
+    def _buckets(
+        state: QuotaState, identity: str | None, ip: str | None, tenant: str | None
+    ) -> list[inspection.TierCheck]:
+        if tenant is not None and identity is None and ip is None:
+            return inspection.tenant_checks(state, tenant)
+        caller = inspection.Caller.of(identity, ip, tenant)
         plan = inspection.plan_of(state, caller)
-        return inspection.reset(state, inspection.caller_checks(current_app, state, caller, plan))
+        return inspection.caller_checks(current_app, state, caller, plan)
 
     def block(
         self,
@@ -338,6 +354,26 @@ class Quota:
         return None if found is None else found.decision()
 
     # -- request hooks ------------------------------------------------------
+
+    def _status_view(self) -> Callable[[], Response]:
+        """The ``QUOTA_STATUS_URL`` view: the caller's own quota, charging only the global
+        tier. Exempt from the request hook: it makes its one storage call itself."""
+
+        @exempt
+        def flask_quota_status() -> Response:
+            req: Request = request._get_current_object()  # type: ignore[attr-defined]
+            app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
+            state: QuotaState = app.extensions["quota"]
+            identity = self._identify(state.settings, req)
+            facts = Facts(req.method, req.endpoint, remote_ip_tag(req.remote_addr), identity)
+            enforcer, settings = state.enforcer, state.settings
+            endpoints = limited_endpoints(app)
+            found = caller_status(enforcer, facts, endpoints, charge=settings.enabled)
+            response = jsonify(found.as_json())
+            response.headers["Cache-Control"] = "no-store"  # one caller's, and it changes
+            return response
+
+        return flask_quota_status
 
     def _before_request(self) -> None:
         # The proxies (request, current_app, g) cost ~1 us per access: unwrap them once.
@@ -441,10 +477,13 @@ class _Signals:
     def shadow_exceeded(self, decision: Decision) -> None:
         self._send(signals.quota_shadow_exceeded, decision)
 
-    def _send(self, signal: NamedSignal, decision: Decision) -> None:
+    def near_limit(self, decision: Decision, result: TierResult) -> None:
+        self._send(signals.quota_near_limit, decision, check=result)
+
+    def _send(self, signal: NamedSignal, decision: Decision, **extra: Any) -> None:
         app = self.app()
         if app is not None and signal.receivers:
-            signals.notify(signal, app, decision=decision)
+            signals.notify(signal, app, decision=decision, **extra)
 
 
 def _warn_no_proxy_fix(state: QuotaState, req: Request) -> None:

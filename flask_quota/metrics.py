@@ -32,6 +32,9 @@ is down). ``flask_quota_breaker_open`` is 1 while a worker's circuit breaker is
 open; under several workers it is the highest among live workers (multiprocess
 mode ``livemax``), so 1 means "at least one worker is failing over".
 ``flask_quota_deny_cache_hits_total`` counts decisions the deny cache answered.
+``flask_quota_near_limit_total{tier,resource,plan}`` counts the requests that
+took a bucket across ``QUOTA_NEAR_LIMIT`` (once per crossing, as
+``signals.quota_near_limit``).
 
 Several processes (gunicorn workers) share counts through prometheus_client's
 multiprocess mode: ``PROMETHEUS_MULTIPROC_DIR`` names an empty directory, set
@@ -58,7 +61,7 @@ from prometheus_client import (
 )
 
 from .core.enforcer import FAIL_CLOSED, FAIL_OPEN
-from .core.policy import Decision, TierCheck
+from .core.policy import Decision, TierCheck, TierResult
 
 __all__ = [
     "OUTCOMES",
@@ -134,6 +137,12 @@ class QuotaMetrics:
             "Decisions answered by the local deny cache without the storage.",
             registry=self.registry,
         )
+        self.near_limits = Counter(
+            "flask_quota_near_limit",
+            "Requests that took a bucket across QUOTA_NEAR_LIMIT, once per crossing.",
+            ("tier", "resource", "plan"),
+            registry=self.registry,
+        )
         self.breaker_open.set(0)
         # One child per label set, found with one dict lookup instead of labels()'s lock.
         self._children: dict[tuple[str, str, str, str], Counter] = {}
@@ -153,6 +162,10 @@ class QuotaMetrics:
         child.inc()
 
     # -- the enforcer's observer ---------------------------------------------------
+
+    def watching(self) -> bool:
+        """Always: every decision is counted."""
+        return True
 
     def stored(self, seconds: float) -> None:
         """One decision's storage call took ``seconds``."""
@@ -183,6 +196,10 @@ class QuotaMetrics:
         shadow = decision.shadow_denied
         if shadow:
             self.count_shadow_denied(plan, ((r.tier.value, r.name) for r in shadow))
+
+    def near_limit(self, decision: Decision, result: TierResult) -> None:
+        """One more crossing of ``QUOTA_NEAR_LIMIT`` by ``result``'s bucket."""
+        self.near_limits.labels(result.tier.value, result.name, decision.plan).inc()
 
     def count_shadow_denied(self, plan: str, tiers: Iterable[tuple[str, str]]) -> None:
         """Count ``shadow_denied`` once per (tier, policy name) that would have denied."""

@@ -64,6 +64,8 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_METRICS_URL": None,  # e.g. "/metrics": Prometheus exposition (flask-quota[metrics])
     "QUOTA_SHADOW": False,  # every tier is decided and recorded, nothing is denied
     "QUOTA_PLANS_SOURCE": "database",  # or "config": QUOTA_PLANS is applied to SQL at start
+    "QUOTA_STATUS_URL": None,  # e.g. "/rate_limit": the caller's own quota as JSON
+    "QUOTA_NEAR_LIMIT": 0.8,  # share of a bucket used that fires signals.quota_near_limit
 }
 
 # What each key means: the configuration reference (README, docs and init_app's
@@ -131,6 +133,17 @@ DOCS["QUOTA_PLANS_SOURCE"] = (
     "read-only on the dashboard and in the CLI). Clients and overrides are never touched."
 )
 
+DOCS["QUOTA_STATUS_URL"] = (
+    "Path of the caller's own quota, e.g. ``/rate_limit``: ``GET`` answers the calling API "
+    "key or identity (else IP) with its plan, tenant and every bucket that applies to it, "
+    "as JSON, charging only the ``global`` tier; ``None``: not served."
+)
+DOCS["QUOTA_NEAR_LIMIT"] = (
+    "Share of a bucket (between 0 and 1) whose crossing fires ``signals.quota_near_limit`` "
+    "once and counts ``flask_quota_near_limit_total``; the dashboard's \"about to hit the "
+    'limit" list uses it too. ``None``: no warning.'
+)
+
 # Read by the dashboard when it is mounted (dashboard/auth.py), not by Settings.
 DASHBOARD_DOCS: dict[str, str] = {
     "QUOTA_DASHBOARD_USERS": "Dashboard logins: ``{user: werkzeug password hash}`` (or JSON).",
@@ -182,6 +195,8 @@ class Settings:
     shadow: bool = False
     plans_source: PlansSource = PlansSource.DATABASE
     plans_configured: bool = False  # QUOTA_PLANS was given (not the built-in plans)
+    status_url: str | None = None
+    near_limit: float | None = 0.8
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -233,6 +248,8 @@ class Settings:
             shadow=_flag(get, "QUOTA_SHADOW"),
             plans_source=_choice(get, "QUOTA_PLANS_SOURCE", PlansSource),
             plans_configured=bool(raw_plans),
+            status_url=_path(get, "QUOTA_STATUS_URL", "/rate_limit"),
+            near_limit=_share(get, "QUOTA_NEAR_LIMIT"),
         )
         for key in ("QUOTA_DEFAULT_PLAN", "QUOTA_ANONYMOUS_PLAN"):
             if get[key] not in plans:
@@ -315,6 +332,23 @@ def _positive(get: dict[str, Any], key: str) -> float:
     if not number > 0 or number == float("inf") or isinstance(value, bool):
         raise ValueError(f"{key}={value!r} must be a positive number of seconds")
     return number
+
+
+def _share(get: dict[str, Any], key: str) -> float | None:
+    """A share strictly between 0 and 1 (a number, or its text), or ``None`` when off."""
+    value = get[key]
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "off")):
+        return None
+    try:
+        share = float(value)
+    except (TypeError, ValueError, OverflowError):
+        share = float("nan")
+    if isinstance(value, bool) or not 0 < share < 1:
+        raise ValueError(
+            f"{key}={value!r} must be a share of a bucket between 0 and 1 (exclusive), e.g. 0.8, "
+            "or None to send no near-limit warning"
+        )
+    return share
 
 
 def _block_after(get: dict[str, Any], key: str) -> Rate | None:

@@ -8,7 +8,10 @@
 ``quota_exceeded``: a request was denied (429); ``sender`` is the app,
 ``decision`` the ``Decision``. ``quota_shadow_exceeded``: a shadow tier would
 have denied a request (once per request; ``decision.shadow_denied`` names the
-tiers); same arguments. ``storage_failed``: the storage stopped
+tiers); same arguments. ``quota_near_limit``: a request took a bucket across
+``QUOTA_NEAR_LIMIT`` (once per crossing, across every worker and server: the
+atomic storage call tells which request crossed); ``decision`` as above and
+``check``, the ``TierResult`` of that bucket. ``storage_failed``: the storage stopped
 answering and the fail mode applies; ``error`` is the exception.
 ``storage_recovered``: it answers again. The storage signals are sent once per
 change of the circuit breaker, not once per request.
@@ -27,6 +30,7 @@ from blinker import NamedSignal, Namespace
 __all__ = [
     "notify",
     "quota_exceeded",
+    "quota_near_limit",
     "quota_shadow_exceeded",
     "storage_failed",
     "storage_recovered",
@@ -38,6 +42,7 @@ _signals = Namespace()
 
 quota_exceeded = _signals.signal("quota-exceeded")
 quota_shadow_exceeded = _signals.signal("quota-shadow-exceeded")
+quota_near_limit = _signals.signal("quota-near-limit")
 storage_failed = _signals.signal("quota-storage-failed")
 storage_recovered = _signals.signal("quota-storage-recovered")
 

@@ -578,7 +578,7 @@ def test_near_limit_list_shows_an_identity_live(demo: Demo, page: Page) -> None:
     limit" on the open overview, with the tier and remaining/limit, without a reload."""
     page.goto(demo.url("/"))
     near = page.locator("#near-limit")
-    expect(near).to_contain_text("Nobody is above 80% of a limit")
+    expect(near).to_contain_text("Nobody is at 80% of a limit or above")
     for _ in range(5):  # the free plan's ai resource: 5/minute
         assert demo.api("POST", "/infer", user="nina")[0] == 200
     row = near.locator("tr").filter(has=page.get_by_role("link", name="nina", exact=True))

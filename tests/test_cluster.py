@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 import redis
-from flask import Flask
+from flask import Flask, request
 from hypothesis import given
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
+from flask_quota import Identity, Quota
 from flask_quota.core.algorithms import Algorithm
 from flask_quota.core.keys import KeyBuilder
 from flask_quota.core.rates import parse_rate
@@ -204,6 +205,91 @@ def test_a_denied_request_is_charged_nowhere(
         assert not verdict.allowed
         assert verdict.outcomes[checks.index(glob)].allowed  # global allowed, then refunded
         assert _raw(flushed, glob.key) == before
+        assert storage.refund_failures == 0
+    finally:
+        storage.close()
+
+
+# -- the tenant tier: a slot of its own, in the refund protocol --------------------
+
+
+def test_a_tenants_callers_share_its_bucket_on_the_cluster(flushed: Cluster, app: Flask) -> None:
+    """The must-show on a cluster: alice and bob of acme alternate, 200 x5 then 429 429
+    naming the tenant tier; carol of globex passes. acme's bucket sits in the slot of
+    its own hash tag, not in either caller's."""
+    app.config.update(
+        QUOTA_STORAGE_URL=flushed.url,
+        QUOTA_PLANS={"pro": {"tenant": f"5/{WEEK}", "user": f"100/{WEEK}"}},
+        QUOTA_DEFAULT_PLAN="pro",
+        QUOTA_ANONYMOUS_PLAN="pro",
+        QUOTA_DENY_CACHE=False,
+        QUOTA_STORAGE_TIMEOUT=2,  # a slow first call must not fail open and admit
+        QUOTA_FAIL_MODE="closed",
+    )
+    quota = Quota(app)
+
+    @quota.identity_loader
+    def from_headers() -> Identity | None:
+        return Identity(request.headers["X-Client"], None, request.headers["X-Tenant"])
+
+    @app.get("/work")
+    def work() -> str:
+        return "ok"
+
+    client = app.test_client()
+
+    def get(who: str, tenant: str) -> Any:
+        return client.get("/work", headers={"X-Client": who, "X-Tenant": tenant})
+
+    assert get("warm", "warm").status_code == 200  # slot map and scripts loaded
+    statuses = [get(("alice", "bob")[i % 2], "acme").status_code for i in range(7)]
+    assert statuses == [200] * 5 + [429, 429]
+    assert get("alice", "acme").get_json()["tier"] == "tenant"
+    assert [get("carol", "globex").status_code for _ in range(3)] == [200] * 3
+    written = flushed.client()
+    try:
+        [key] = [_text(k) for k in written.keys("quota:{t=acme}*", target_nodes="primaries")]
+    finally:
+        written.close()
+    assert server_slot(flushed, key) == key_slot(b"t=acme")
+    assert server_slot(flushed, key) not in {key_slot(b"id=alice"), key_slot(b"id=bob")}
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+@pytest.mark.parametrize("denier", ["tenant", "user"])
+def test_a_tenant_and_its_caller_are_all_or_nothing_across_slots(
+    flushed: Cluster, algorithm: Algorithm, denier: str
+) -> None:
+    """The tenant's slot and the caller's are charged together or not at all: when one
+    denies, the other's charge is refunded to the byte."""
+    clock = FrozenClock(1_700_000_000.0)
+    storage = ClusterStorage.from_url(flushed.url, timeout=2, clock=clock)
+    keys = KeyBuilder("quota")
+    tight, loose = parse_rate("2/hour"), parse_rate("50/hour")
+    tenant = Check(
+        keys.tenant_key(keys.tenant_tag("acme"), algorithm),
+        algorithm,
+        tight if denier == "tenant" else loose,
+        1,
+    )
+    user = Check(
+        keys.user_key(keys.identity_tag("bob"), algorithm),
+        algorithm,
+        tight if denier == "user" else loose,
+        1,
+    )
+    assert len(slot_groups([tenant, user])) == 2
+    other = user if denier == "tenant" else tenant
+    try:
+        for _ in range(2):
+            clock.advance(1)
+            assert storage.decide([tenant, user]).allowed
+        clock.advance(1)
+        before = _raw(flushed, other.key)
+        verdict = storage.decide([tenant, user])
+        assert not verdict.allowed
+        assert verdict.outcomes[[tenant, user].index(other)].allowed  # allowed, then refunded
+        assert _raw(flushed, other.key) == before
         assert storage.refund_failures == 0
     finally:
         storage.close()

@@ -296,7 +296,7 @@ def test_identity_named_like_an_ip_is_not_shown_as_that_ip(ops_app: Flask) -> No
 
 
 def test_near_limit_lists_identities_above_80_percent_of_a_tier(ops_app: Flask) -> None:
-    """Identities with a bucket more than 80% used are listed with the tier and
+    """Identities with a bucket at least 80% used (QUOTA_NEAR_LIMIT) are listed with the tier and
     remaining/limit (JSON and page); one at 67% or less is not."""
     http = ops_app.test_client()
     for _ in range(2):
@@ -312,6 +312,20 @@ def test_near_limit_lists_identities_above_80_percent_of_a_tier(ops_app: Flask) 
     body = page.split('<tbody id="near-limit"', 1)[1].split("</tbody>", 1)[0]
     assert ">ada</a>" in body and "endpoint: ai (POST)" in body and "0/2" in body
     assert "bob" not in body and "cy" not in body
+
+
+def test_near_limit_list_follows_quota_near_limit(tmp_path: Path) -> None:
+    """The list's line is QUOTA_NEAR_LIMIT's (the signal's rule): at 0.5, a bucket half
+    used is listed, and the page says 50%."""
+    app = dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH}, QUOTA_NEAR_LIMIT=0.5)
+    http = app.test_client()
+    http.post("/infer", headers={"X-User": "bob"})  # ai 1 of 2 used: 50%
+    flush(app)
+    near = http.get("/quota/api/overview", headers=OPS).get_json()["near_limit"]
+    assert [(r["tag"], r["bucket"], r["used_percent"]) for r in near] == [
+        ("id=bob", "ai (POST)", 50)
+    ]
+    assert "at least 50% used" in http.get("/quota/", headers=OPS).get_data(as_text=True)
 
 
 def _svg_texts(svg: bytes) -> list[tuple[str, float, float]]:

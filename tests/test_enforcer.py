@@ -8,7 +8,7 @@ from flask_quota import Identity, Plan, PlanCatalog, QuotaExceeded, Tier
 from flask_quota.core.algorithms import Algorithm
 from flask_quota.core.enforcer import Decided, Enforcer, Facts, limit_hooks
 from flask_quota.core.keys import KeyBuilder, remote_ip_tag
-from flask_quota.core.policy import Decision, LimitSpec, Policy
+from flask_quota.core.policy import Decision, LimitSpec, Policy, TierResult
 from flask_quota.core.rates import parse_rates
 from flask_quota.settings import FailMode
 from flask_quota.storage import MemoryStorage
@@ -42,6 +42,12 @@ class Recorder:
     def decided(self, decision: Decision, *, local: bool, blocked: bool) -> None:
         self.told.append(("decided", decision.allowed))
 
+    def watching(self) -> bool:
+        return True
+
+    def near_limit(self, decision: Decision, result: TierResult) -> None:
+        self.told.append(("near", result.name))
+
 
 class Down(MemoryStorage):
     """A storage whose every decision fails."""
@@ -54,7 +60,11 @@ class Down(MemoryStorage):
 
 
 def _enforcer(
-    clock: FrozenClock, *, observer: Recorder | None = None, down: bool = False
+    clock: FrozenClock,
+    *,
+    observer: Recorder | None = None,
+    down: bool = False,
+    near: float | None = None,
 ) -> tuple[Enforcer, MemoryStorage]:
     storage = Down(clock) if down else MemoryStorage(clock)
     guard = GuardedStorage(storage, FailMode.OPEN, CircuitBreaker("memory"))
@@ -66,6 +76,7 @@ def _enforcer(
         default_plan="free",
         events=observer,
         observer=observer,
+        near=near,
     )
     return enforcer, storage
 
@@ -101,6 +112,21 @@ def test_a_denial_raises_and_names_its_tier() -> None:
     assert ("exceeded", Tier.ENDPOINT) in events.told
     assert ("decided", False) in events.told  # the observer sees denials too
     assert kept and not kept[-1].reply.all_allowed  # the 429 still gets its headers
+
+
+def test_each_bucket_is_reported_once_when_it_crosses_the_near_line() -> None:
+    """near=0.5: the first request takes search (2/minute) to 1 used, the line; the second
+    takes user (3/minute) to 2 used; each is told once, to the events and the observer,
+    and nothing is told for requests above the line or refused ones."""
+    events = Recorder()
+    enforcer, _ = _enforcer(FrozenClock(), observer=events, near=0.5)
+    enforcer.decide(_facts())
+    enforcer.decide(_facts())
+    with pytest.raises(QuotaExceeded):
+        enforcer.decide(_facts())
+    near = [told for told in events.told if told[0] == "near"]
+    # Each crossing reaches the observer (metrics) and the events (the signal).
+    assert near == [("near", "search")] * 2 + [("near", "user")] * 2
 
 
 def test_one_tier_denying_charges_none() -> None:

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 import redis
-from flask import Flask
+from flask import Flask, request
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flask_quota import Quota
+from flask_quota import Identity, Quota
 from flask_quota.core.algorithms import Algorithm
 from flask_quota.core.rates import parse_rate
 from flask_quota.storage import Check, MemoryStorage
@@ -115,6 +115,45 @@ def test_three_tiers_cost_one_round_trip(redis_server: RedisServer, tmp_path: An
             statuses.append(http.post("/infer").status_code)
             assert CountingConnection.sent - before == 1, algorithm
         assert statuses == [200, 429, 429], algorithm
+
+
+def test_a_tenant_tier_costs_no_round_trip_more(redis_server: RedisServer, tmp_path: Any) -> None:
+    """With the tenant tier in play (global, tenant, user and endpoint tiers), a request
+    still costs exactly one round trip, allowed or denied, and the tenant denies."""
+    client = counting_client(redis_server)
+    client.flushall()
+    app = Flask(__name__, instance_path=str(tmp_path))
+    app.config.update(
+        QUOTA_PLANS={
+            "free": {
+                "global": "50/second",
+                "tenant": "3/minute",
+                "user": "100/minute",
+                "resources": {"ai": "10/minute"},
+            }
+        },
+    )
+    quota = Quota(app, storage=RedisStorage(client, clock=FrozenClock()))
+
+    @quota.identity_loader
+    def member() -> Identity:
+        return Identity(request.headers["X-Client"], tenant="acme")
+
+    @app.post("/infer")
+    @quota.limit(resource="ai")
+    def infer() -> str:
+        return "ok"
+
+    http = app.test_client()
+    http.post("/infer", headers={"X-Client": "warm"})  # the connection and script cache
+    statuses = []
+    for who in ("alice", "bob", "carol"):
+        before = CountingConnection.sent
+        response = http.post("/infer", headers={"X-Client": who})
+        statuses.append(response.status_code)
+        assert CountingConnection.sent - before == 1, who
+    assert statuses == [200, 200, 429]
+    assert response.get_json()["tier"] == "tenant"
 
 
 def test_client_input_cannot_choose_the_cluster_slot() -> None:

@@ -87,6 +87,26 @@ def test_limits_live_on_the_master_the_sentinels_name(sentinels: SentinelGroup, 
             time.sleep(0.05)
 
 
+def test_a_tenants_callers_share_its_bucket_on_sentinel(
+    sentinels: SentinelGroup, app: Flask
+) -> None:
+    """The tenant tier through Sentinel: alice and bob of acme alternate, 200 x5 then
+    429 429 naming the tenant tier; carol of globex passes."""
+    from tests.test_tenant import alternate, get, tenant_app
+
+    _, client = tenant_app(
+        app,
+        None,
+        QUOTA_STORAGE_URL=sentinels.url,
+        QUOTA_STORAGE_TIMEOUT=1,
+        QUOTA_FAIL_MODE="closed",  # a slow first call must not fail open and admit
+        QUOTA_DENY_CACHE=False,
+    )
+    assert alternate(client) == [200] * 5 + [429, 429]
+    assert get(client, "alice", "acme").get_json()["tier"] == "tenant"
+    assert [get(client, "carol", "globex").status_code for _ in range(3)] == [200] * 3
+
+
 def test_failover_under_load(sentinels: SentinelGroup, tmp_path: Path) -> None:
     """Kill the master under load from 4 gunicorn workers: no 5xx while sentinels promote
     the replica (fail open), limits apply again within 10 s, exactly, on the new master."""

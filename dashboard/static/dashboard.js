@@ -66,7 +66,7 @@
     var body = document.getElementById("near-limit");
     body.replaceChildren();
     if (!rows.length) {
-      var none = "Nobody is above " + body.dataset.percent + "% of a limit.";
+      var none = "Nobody is at " + body.dataset.percent + "% of a limit or above.";
       emptyRow(body, 5, usage === "unavailable" ? DOWN : none);
       return;
     }

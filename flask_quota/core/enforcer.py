@@ -22,7 +22,7 @@ from .generations import Generations
 from .identity import Identity
 from .keys import KeyBuilder
 from .plans import Plan, PlanCatalog
-from .policy import Decision, LimitSpec, Policy, TierCheck
+from .policy import Decision, LimitSpec, Policy, TierCheck, TierResult
 from .reply import LocalReply, Reply
 from .route import Route, build_route
 from .tiers import Tier
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 ROUTES = 4096  # routes per generation of the route cache
-RouteKey = tuple[int, str | None, str, int, bool]
+RouteKey = tuple[int, str | None, str, int, bool, bool]
 
 # What ``DecisionObserver.unavailable`` is told: the storage could not answer, and
 # the fail mode refused the request (closed) or let it through (open).
@@ -88,6 +88,10 @@ class Guard(Protocol):
 class DecisionObserver(Protocol):
     """Told about every decided request (the Prometheus metrics are one)."""
 
+    def watching(self) -> bool:
+        """True when this request's decision is wanted (asked once per request): an
+        observer that says no costs the request nothing more."""
+
     def stored(self, seconds: float) -> None:
         """The storage call took ``seconds``."""
 
@@ -97,6 +101,9 @@ class DecisionObserver(Protocol):
     def decided(self, decision: Decision, *, local: bool, blocked: bool) -> None:
         """A decision was made (``local``: by the in-process fallback)."""
 
+    def near_limit(self, decision: Decision, result: TierResult) -> None:
+        """The request took ``result``'s bucket across ``QUOTA_NEAR_LIMIT``."""
+
 
 class Events(Protocol):
     """Told when a request is denied, or a shadow tier would have denied it."""
@@ -104,6 +111,8 @@ class Events(Protocol):
     def exceeded(self, decision: Decision) -> None: ...
 
     def shadow_exceeded(self, decision: Decision) -> None: ...
+
+    def near_limit(self, decision: Decision, result: TierResult) -> None: ...
 
 
 def limit_hooks(
@@ -134,7 +143,8 @@ class Enforcer:
 
     ``catalog()`` gives the plans in force (the SQL snapshot); ``refusal`` builds a
     blocked caller's 429 from its gate; ``escalate`` counts a denial towards
-    ``QUOTA_BLOCK_AFTER`` and returns the new block, if any.
+    ``QUOTA_BLOCK_AFTER`` and returns the new block, if any; ``near`` is
+    ``QUOTA_NEAR_LIMIT``, the share of a bucket whose crossing is reported.
     """
 
     def __init__(
@@ -149,6 +159,7 @@ class Enforcer:
         escalate: Callable[[str], Outcome | None] | None = None,
         events: Events | None = None,
         observer: DecisionObserver | None = None,
+        near: float | None = None,
     ) -> None:
         self.guard = guard
         self.policy = policy
@@ -159,6 +170,7 @@ class Enforcer:
         self.escalate = escalate
         self.events = events
         self.observer = observer
+        self.near = near
         # (id(plan), endpoint, method, cost, limited?) -> Route, for the catalog in
         # ``routes_of``; a new catalog (a plan or override change) empties it.
         self.routes: Generations[RouteKey, Route] = Generations(ROUTES)
@@ -176,32 +188,38 @@ class Enforcer:
         ``keep`` is handed the decided request before a denial is raised (not a
         block's), so that the 429 still gets its rate-limit headers."""
         catalog = self.catalog()
-        identity = facts.identity
-        if identity is None:
-            tag = facts.ip_tag
-            plan = catalog.resolve(self.anonymous_plan, None, fallback=self.default_plan)
-        else:
-            tag = KeyBuilder.identity_tag(identity.id)
-            plan_name = identity.plan or self.default_plan
-            plan = catalog.resolve(plan_name, identity.id, fallback=self.default_plan)
+        tag, plan, tenant = self.caller(catalog, facts)
         spec = facts.spec
         resource = (spec.resource or facts.endpoint) if spec is not None else None
-        route = self.route(catalog, plan, facts.endpoint, facts.method, spec, resource, facts.cost)
+        route = self.route(
+            catalog, plan, facts.endpoint, facts.method, spec, resource, facts.cost,
+            tenant=tenant is not None,
+        )  # fmt: skip
         if not route.tiers:
             return None
         owner = KeyBuilder.key_tag(facts.owner) if facts.owner is not None else tag
-        # The caller's block gate is read in the same storage call as its tiers.
-        keys = route.keys(facts.ip_tag, tag, owner)
+        # The caller's block gate is read in the same storage call as its tiers (and its
+        # tenant's bucket in the same call too: all-or-nothing across them).
+        keys = route.keys(facts.ip_tag, tag, owner, tenant or "")
         observer = self.observer
-        reply = self._ask(route, keys, plan) if observer is not None else self._call(route, keys)
+        if observer is not None and not observer.watching():
+            observer = None
+        if observer is not None:
+            reply = self._ask(route, keys, plan, observer)
+        else:
+            reply = self._call(route, keys)
         if reply is None:  # storage down, failing open
             return None
         decided = Decided(route, reply, keys, tag, spec)
-        if reply.all_allowed and not route.shadow and observer is None:
+        # Only an admitted request was charged, so only it can cross the near-limit line.
+        crossed = route.crossings(reply) if reply.all_allowed else None
+        if not crossed and reply.all_allowed and not route.shadow and observer is None:
             return decided  # nothing to signal or count: the usual case
         blocked, decision = route.decision(reply)
         if observer is not None:
             observer.decided(decision, local=type(reply) is LocalReply, blocked=blocked is not None)
+        if crossed:
+            self._near(decision, crossed, observer)
         if blocked is not None:
             raise self.refusal(decision, blocked, keys[0])
         if keep is not None:
@@ -229,10 +247,35 @@ class Enforcer:
             return reply
         return LocalReply(reply) if isinstance(reply, LocalReply) else Reply(reply)
 
-    def _ask(self, route: Route, keys: list[str], plan: Plan) -> Reply | None:
+    def caller(self, catalog: PlanCatalog, facts: Facts) -> tuple[str, Plan, str | None]:
+        """(the caller's tag, its plan with its overrides, its tenant's tag when the
+        plan has a tenant tier) for a request's ``facts``."""
+        identity = facts.identity
+        if identity is None:
+            plan = catalog.resolve(self.anonymous_plan, None, fallback=self.default_plan)
+            return facts.ip_tag, plan, None
+        plan_name = identity.plan or self.default_plan
+        plan = catalog.resolve(plan_name, identity.id, fallback=self.default_plan)
+        tenant = None
+        if identity.tenant is not None and plan.tenant_rate is not None:
+            tenant = KeyBuilder.tenant_tag(identity.tenant)
+        return KeyBuilder.identity_tag(identity.id), plan, tenant
+
+    def _near(
+        self, decision: Decision, crossed: list[int], observer: DecisionObserver | None
+    ) -> None:
+        """Tell of each bucket this request took across ``QUOTA_NEAR_LIMIT``."""
+        for i in crossed:
+            result = decision.results[i]
+            if observer is not None:
+                observer.near_limit(decision, result)
+            if self.events is not None:
+                self.events.near_limit(decision, result)
+
+    def _ask(
+        self, route: Route, keys: list[str], plan: Plan, observer: DecisionObserver
+    ) -> Reply | None:
         """``_call``, timed and told to the observer, failures included."""
-        observer = self.observer
-        assert observer is not None
         start = time.perf_counter()
         try:
             reply = self._call(route, keys)
@@ -282,12 +325,15 @@ class Enforcer:
         spec: LimitSpec | None,
         resource: str | None,
         cost: int,
+        *,
+        tenant: bool = False,
     ) -> Route:
-        """The request's ``Route``, built on first use (``plan`` comes from ``catalog``)."""
+        """The request's ``Route``, built on first use (``plan`` comes from ``catalog``);
+        ``tenant``: the caller has a tenant and the plan a tenant tier."""
         if catalog is not self.routes_of:
             self.routes.clear()
             self.routes_of = catalog
-        key = (id(plan), endpoint, method, cost, spec is None)
+        key = (id(plan), endpoint, method, cost, spec is None, tenant)
         found = self.routes.current.get(key)
         if found is None or found.plan is not plan:  # the entry holds its plan: ids stay unique
             found = self._new_route(catalog, key, plan, spec, resource)
@@ -309,13 +355,14 @@ class Enforcer:
         """
         found = self.routes.recall(key)
         if found is None or found.plan is not plan:
-            _, endpoint, method, cost, _ = key
+            _, endpoint, method, cost, _, tenant = key
             if cost == 1:
                 found = build_route(
-                    self.policy, plan, method=method, spec=spec, resource=resource, cost=1
-                )
+                    self.policy, plan, method=method, spec=spec, resource=resource, cost=1,
+                    tenant=tenant, near=self.near,
+                )  # fmt: skip
             else:
-                unit = self.route(catalog, plan, endpoint, method, spec, resource, 1)
+                unit = self.route(catalog, plan, endpoint, method, spec, resource, 1, tenant=tenant)
                 found = unit.costing(cost)
             self.routes.put(key, found)
         return found

@@ -23,7 +23,11 @@ __all__ = [
 
 PROBLEM_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 
-_TIER_WORDS = {Tier.GLOBAL: "Global (per-IP) limit", Tier.USER: "User limit"}
+_TIER_WORDS = {
+    Tier.GLOBAL: "Global (per-IP) limit",
+    Tier.TENANT: "Tenant limit",  # shared by every caller of the tenant
+    Tier.USER: "User limit",
+}
 
 
 class _Problem(HTTPException):

@@ -11,14 +11,19 @@ __all__ = ["Identity", "client_ip", "plausible_api_key"]
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """A caller known to the app. ``plan`` ``None`` means ``QUOTA_DEFAULT_PLAN``."""
+    """A caller known to the app. ``plan`` ``None`` means ``QUOTA_DEFAULT_PLAN``;
+    ``tenant`` names the customer org whose ``tenant`` bucket the caller also draws from
+    (``None``: the tenant tier does not apply)."""
 
     id: str
     plan: str | None = None
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise ValueError("Identity.id must be a non-empty string")
+        if self.tenant is not None and (not isinstance(self.tenant, str) or not self.tenant):
+            raise ValueError("Identity.tenant must be a non-empty string, or None")
 
 
 # A dotted quad exactly as ``ipaddress`` prints it (no leading zeros, parts <= 255):

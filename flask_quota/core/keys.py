@@ -2,8 +2,10 @@
 ``quota:{tag}:b`` (a block) and ``quota:{tag}:d:algorithm`` (denials towards one).
 
 The ``{tag}`` is a Redis Cluster hash tag: every key of one identity lands in
-one slot. Anything that came from a client is percent-encoded (``{``, ``}``,
-``:`` and ``%`` included), so no input can collide with another key or choose
+one slot; a tenant's bucket (``quota:{t=acme}:t:algorithm``) has a tag of its own,
+so it lands in its tenant's slot, shared by all of the tenant's callers.
+Anything that came from a client is percent-encoded (``{``, ``}``, ``:`` and
+``%`` included), so no input can collide with another key or choose
 a slot; over-long parts are replaced by a digest.
 """
 
@@ -18,7 +20,7 @@ from urllib.parse import quote, unquote
 from .algorithms import Algorithm
 from .identity import client_ip
 
-__all__ = ["IDENTITY", "IP", "OWNER", "KeyBuilder", "Tag", "escape", "remote_ip_tag"]
+__all__ = ["IDENTITY", "IP", "OWNER", "TENANT", "KeyBuilder", "Tag", "escape", "remote_ip_tag"]
 
 _MAX_PART = 128
 _SAFE = "._-~@=+"
@@ -40,8 +42,8 @@ def escape(part: str) -> str:
 
 
 # The kinds of tag, as their text begins: an anonymous caller's (or an address's global
-# tier), an identity's, and a ``key=`` bucket owner's.
-IP, IDENTITY, OWNER = "ip=", "id=", "k="
+# tier), an identity's, a ``key=`` bucket owner's, and a tenant's (its tenant tier).
+IP, IDENTITY, OWNER, TENANT = "ip=", "id=", "k=", "t="
 _MAX_TAG = 300  # what a caller tag read back (a URL, usage records) may be at most
 
 
@@ -67,6 +69,11 @@ class Tag:
         return self.text.startswith(IDENTITY)
 
     @property
+    def is_tenant(self) -> bool:
+        """A tenant's tag (``t=...``): not a caller's, it owns only the tenant tier."""
+        return self.text.startswith(TENANT)
+
+    @property
     def raw(self) -> str:
         """The escaped part after ``kind=``."""
         return self.text.partition("=")[2]
@@ -89,7 +96,7 @@ class Tag:
 
 
 class KeyBuilder:
-    """Storage keys of the three tiers; ``{tag}`` hash tags keep a caller in one Cluster slot."""
+    """Storage keys of the tiers; ``{tag}`` hash tags keep a caller in one Cluster slot."""
 
     def __init__(self, prefix: str = "quota") -> None:
         self.prefix = prefix
@@ -111,6 +118,15 @@ class KeyBuilder:
     def key_tag(value: str) -> str:
         """The tag of a ``key=`` bucket (an organisation, a tenant): never an identity's or IP's."""
         return OWNER + escape(value)
+
+    @staticmethod
+    def tenant_tag(tenant: str) -> str:
+        """The tag of a tenant's bucket: ``t=...``, never a caller's, IP's or owner's."""
+        return TENANT + escape(tenant)
+
+    def tenant_key(self, tenant_tag: str, algorithm: Algorithm) -> str:
+        """The tenant tier's key: in the tenant's own hash slot, not its callers'."""
+        return f"{self.prefix}:{{{tenant_tag}}}:t:{algorithm.code}"
 
     def global_key(self, ip_tag: str, algorithm: Algorithm) -> str:
         """The global tier's key for an IP."""

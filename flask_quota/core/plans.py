@@ -60,9 +60,11 @@ class Plan:
     description: str = ""
     upgrade: str | None = None  # overrides the generated hint in 429 bodies
     modes: Mapping[tuple[str, str], LimitMode] = field(default_factory=dict)
+    # Last, so that positional construction from the other fields keeps working.
+    tenant_rate: Rates | None = None
 
     def __post_init__(self) -> None:
-        for name in ("global_rate", "user_rate"):
+        for name in ("global_rate", "user_rate", "tenant_rate"):
             value: Rate | Rates | None = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, parse_rates(value))
@@ -83,6 +85,8 @@ class Plan:
             return self.global_rate
         if tier is Tier.USER:
             return self.user_rate
+        if tier is Tier.TENANT:
+            return self.tenant_rate
         return self.resources.get(resource) if resource else None
 
     def mode_for(self, tier: Tier, resource: str | None = None) -> LimitMode:
@@ -203,7 +207,7 @@ def catalog_from_config(
         where = f"QUOTA_PLANS[{name!r}]"
         if not isinstance(name, str) or not name or not isinstance(spec, Mapping):
             raise ValueError(f"{where} must map a plan name to a dict")
-        unknown = set(spec) - {"global", "user", "resources", "description", "upgrade"}
+        unknown = set(spec) - {"global", "tenant", "user", "resources", "description", "upgrade"}
         if unknown:
             raise ValueError(f"{where} has unknown fields {sorted(unknown)}")
         modes: dict[tuple[str, str], LimitMode] = {}
@@ -211,7 +215,11 @@ def catalog_from_config(
         raw_resources = spec.get("resources", {})
         if not isinstance(raw_resources, Mapping):
             raise ValueError(f"{where}['resources'] must be a dict of resource -> rate")
-        entries = [(Tier.GLOBAL, "", spec.get("global")), (Tier.USER, "", spec.get("user"))]
+        entries = [
+            (Tier.GLOBAL, "", spec.get("global")),
+            (Tier.TENANT, "", spec.get("tenant")),
+            (Tier.USER, "", spec.get("user")),
+        ]
         entries += [(Tier.ENDPOINT, str(k), v) for k, v in raw_resources.items()]
         for tier, resource, value in entries:
             if not value:
@@ -233,6 +241,7 @@ def catalog_from_config(
                     str(spec.get("description", "")),
                     spec.get("upgrade"),
                     modes,
+                    rates.get((Tier.TENANT.value, "")),
                 )
             )
         except (ValueError, TypeError) as exc:
@@ -292,6 +301,8 @@ def plan_config(plan: Plan) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if plan.global_rate is not None:
         spec["global"] = _entry(plan.global_rate, plan.mode_for(Tier.GLOBAL))
+    if plan.tenant_rate is not None:
+        spec["tenant"] = _entry(plan.tenant_rate, plan.mode_for(Tier.TENANT))
     if plan.user_rate is not None:
         spec["user"] = _entry(plan.user_rate, plan.mode_for(Tier.USER))
     if plan.resources:

@@ -40,7 +40,7 @@ _GATE_RATE = Rate(1, 1)
 
 # The method part of an endpoint key when one bucket serves every method.
 ANY_METHOD = "*"
-_GLOBAL, _USER = (Tier.GLOBAL.value, ""), (Tier.USER.value, "")
+_GLOBAL, _TENANT, _USER = (Tier.GLOBAL.value, ""), (Tier.TENANT.value, ""), (Tier.USER.value, "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +207,7 @@ class Decision:
 
 
 def _label(result: TierResult) -> str:
-    """``user``, ``global``, ``endpoint 'ai_inference'``, ``user 'user@86400'``."""
+    """``user``, ``global``, ``tenant``, ``endpoint 'ai_inference'``, ``user 'user@86400'``."""
     tier = result.tier.value
     return tier if result.name == tier else f"{tier} {result.name!r}"
 
@@ -269,14 +269,17 @@ class Policy:
         resource: str | None,
         cost: int,
         endpoint_tag: str | None = None,
+        tenant_tag: str | None = None,
     ) -> list[TierCheck]:
-        """The global, user and endpoint checks that apply, in that order; one per rate.
+        """The global, tenant, user and endpoint checks that apply, in that order; one
+        per rate.
 
-        ``cost`` weighs the endpoint tier only: the global and user tiers count
+        ``cost`` weighs the endpoint tier only: the global, tenant and user tiers count
         requests, the endpoint tier counts the work a request asks for.
-        ``endpoint_tag`` (from ``key=``) owns the endpoint bucket instead of the caller.
+        ``endpoint_tag`` (from ``key=``) owns the endpoint bucket instead of the caller;
+        ``tenant_tag`` (``KeyBuilder.tenant_tag``) is the caller's tenant, if it has one.
         """
-        checks = self._caller_checks(plan, ip_tag, identity_tag, 1)
+        checks = self._caller_checks(plan, ip_tag, identity_tag, 1, tenant_tag)
         if spec is not None and resource is not None:
             tag = identity_tag if endpoint_tag is None else endpoint_tag
             self._endpoint_checks(checks, plan, tag, method, resource, spec, cost, resource)
@@ -295,21 +298,40 @@ class Policy:
         plan: Plan,
         tag: str,
         endpoints: list[tuple[str, str, LimitSpec]],
+        tenant_tag: str | None = None,
     ) -> list[TierCheck]:
         """Cost-0 checks over every bucket of one identity (``tag``): for peeking
         at usage and for resets. The global tier is per IP, so it is included
-        only when the tag is an IP's. ``endpoints`` are (method, resource, spec);
-        a limit with ``key=`` is not the caller's bucket and is left out.
+        only when the tag is an IP's; the tenant tier only with ``tenant_tag``.
+        ``endpoints`` are (method, resource, spec); a limit with ``key=`` is not
+        the caller's bucket and is left out.
         """
-        checks = self._caller_checks(plan, tag if Tag(tag).is_ip else None, tag, 0)
+        ip_tag = tag if Tag(tag).is_ip else None
+        checks = self._caller_checks(plan, ip_tag, tag, 0, tenant_tag)
         for method, resource, spec in endpoints:
             if spec.key is None:
                 name = f"{resource} ({method})"
                 self._endpoint_checks(checks, plan, tag, method, resource, spec, 0, name)
         return checks
 
+    def tenant_checks(self, plan: Plan, tenant_tag: str) -> list[TierCheck]:
+        """Cost-0 checks over a tenant's own bucket (its tenant tier): to peek or reset it."""
+        checks: list[TierCheck] = []
+        self._tenant_checks(checks, plan, tenant_tag, 0)
+        return checks
+
+    def _tenant_checks(
+        self, checks: list[TierCheck], plan: Plan, tenant_tag: str, cost: int
+    ) -> None:
+        rates = plan.tenant_rate
+        if rates is not None:
+            mode = plan.modes.get(_TENANT, ENFORCED) if plan.modes else ENFORCED
+            algorithm = self._algorithm(mode, rates, "tenant")
+            key = self.keys.tenant_key(tenant_tag, algorithm)
+            self._each_rate(checks, Tier.TENANT, "tenant", key, rates, cost, None, mode, algorithm)
+
     def _caller_checks(
-        self, plan: Plan, ip_tag: str | None, tag: str, cost: int
+        self, plan: Plan, ip_tag: str | None, tag: str, cost: int, tenant_tag: str | None = None
     ) -> list[TierCheck]:
         checks: list[TierCheck] = []
         rates = plan.global_rate
@@ -324,6 +346,8 @@ class Policy:
                 self._each_rate(
                     checks, Tier.GLOBAL, "global", key, rates, cost, None, mode, algorithm
                 )
+        if tenant_tag is not None:
+            self._tenant_checks(checks, plan, tenant_tag, cost)
         rates = plan.user_rate
         if rates is not None:
             mode = plan.modes.get(_USER, ENFORCED) if plan.modes else ENFORCED

@@ -62,6 +62,18 @@ class Reply(list[int]):
     def retry_us(self, i: int) -> int:
         return int(self[_HEAD + _STRIDE * i + 3])
 
+    def crossings(self, lines: Sequence[tuple[int, int, int]]) -> list[int]:
+        """Of ``lines`` ((check, room, cost) each), the checks that allowed and whose cost
+        took what is left of them from above ``room`` to ``room`` or below: the checks
+        that crossed the near-limit line (``core.near``)."""
+        found = []
+        for i, room, cost in lines:
+            j = _HEAD + _STRIDE * i
+            left = self[j + 1]
+            if left <= room < left + cost and self[j]:
+                found.append(i)
+        return found
+
     def outcome(self, i: int, limit: int) -> Outcome:
         """Check ``i``'s outcome; the reply does not carry limits, the caller knows them."""
         j = _HEAD + _STRIDE * i

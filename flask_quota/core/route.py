@@ -1,11 +1,11 @@
 """A request's shape: everything about its checks that does not depend on the caller.
 
-For one (plan, endpoint, method, cost) the tiers, rates, algorithms, the block
-gate, the storage's encoded arguments and the constant parts of the headers are
-always the same; only the caller's tags in the keys change. A ``Route`` holds
-them, built once by ``Policy.checks`` itself (with placeholders for the tags, so
-its keys are exactly the policy's), and a request does a cache lookup plus one
-concatenation per key. The storage answers a flat ``Reply``; the ``Decision``
+For one (plan, endpoint, method, cost, with or without a tenant) the tiers, rates,
+algorithms, the block gate, the storage's encoded arguments and the constant parts
+of the headers are always the same; only the caller's tags in the keys change. A
+``Route`` holds them, built once by ``Policy.checks`` itself (with placeholders for
+the tags, so its keys are exactly the policy's), and a request does a cache lookup
+plus one concatenation per key. The storage answers a flat ``Reply``; the ``Decision``
 objects are made from it only when something needs them (a denial, a shadow
 tier, metrics, ``quota.current_decision()``, the dashboard's usage).
 """
@@ -29,6 +29,7 @@ from .headers import (
     printable,
     sf_string,
 )
+from .near import room
 from .plans import Plan
 from .policy import Decision, LimitSpec, Policy, TierCheck, TierResult, gate_check
 from .reply import Reply
@@ -38,8 +39,9 @@ __all__ = ["Route", "build_route"]
 
 # Stand-ins for the caller's tags while a route's keys are built: a NUL never occurs
 # in a tag (``escape`` percent-encodes it), so each key splits at exactly one of them.
-_MARKS = ("\x00ip\x00", "\x00who\x00", "\x00key\x00")
-IP, WHO, KEY = range(3)  # which tag a key takes: the IP's, the caller's, a key= owner's
+_MARKS = ("\x00ip\x00", "\x00who\x00", "\x00key\x00", "\x00tenant\x00")
+# Which tag a key takes: the IP's, the caller's, a key= owner's, the caller's tenant's.
+IP, WHO, KEY, TENANT = range(4)
 
 
 class Route:
@@ -51,10 +53,12 @@ class Route:
     encoding by identity. ``costing()`` derives the route of another cost.
     """
 
-    __slots__ = ("calls", "enforced", "labels", "limit_texts", "limits", "names", "parts",
-                 "plan", "policy", "shadow", "shown_among", "tiers")  # fmt: skip
+    __slots__ = ("calls", "enforced", "labels", "limit_texts", "limits", "lines", "names",
+                 "parts", "plan", "policy", "rooms", "shadow", "shown_among", "tiers")  # fmt: skip
 
-    def __init__(self, plan: Plan, tiers: Sequence[TierCheck], gate: Check) -> None:
+    def __init__(
+        self, plan: Plan, tiers: Sequence[TierCheck], gate: Check, near: float | None = None
+    ) -> None:
         self.plan = plan
         self.tiers = tuple(tiers)
         self.calls: tuple[Check, ...] = (gate, *(t.check for t in tiers))
@@ -65,6 +69,9 @@ class Route:
         self.shown_among = tuple(i + 1 for i in self.enforced)  # as checks: the gate is 0
         self.limits = tuple(shown_limit(t.check) for t in tiers)
         self.limit_texts = tuple(str(limit) for limit in self.limits)
+        # Per tier, what is left at the near-limit line (``near``: QUOTA_NEAR_LIMIT); empty: off.
+        self.rooms = () if near is None else tuple(room(limit, near) for limit in self.limits)
+        self.lines = self._lines()
         self.names = tuple(printable(t.name) for t in tiers)
         self.labels = tuple(sf_string(t.name) for t in tiers)
         self.policy = policy_header(
@@ -87,11 +94,22 @@ class Route:
             for c in (t.check,)
         )
         variant.calls = (self.calls[0], *(t.check for t in variant.tiers))
+        variant.lines = variant._lines()
         return variant
 
-    def keys(self, ip_tag: str, tag: str, key_tag: str) -> list[str]:
-        """The request's keys, in ``calls`` order: the caller's tags put in."""
-        tags = (ip_tag, tag, key_tag)
+    def _lines(self) -> tuple[tuple[int, int, int], ...]:
+        """``Reply.crossings``' (check, room, cost) per tier; empty when the line is off.
+        A tier of cost 0 takes nothing, so it crosses nothing."""
+        if not self.rooms:
+            return ()
+        return tuple(
+            (i + 1, self.rooms[i], t.check.cost) for i, t in enumerate(self.tiers) if t.check.cost
+        )
+
+    def keys(self, ip_tag: str, tag: str, key_tag: str, tenant_tag: str = "") -> list[str]:
+        """The request's keys, in ``calls`` order: the caller's tags put in
+        (``tenant_tag`` only on a route built with a tenant)."""
+        tags = (ip_tag, tag, key_tag, tenant_tag)
         return [head + tags[which] + tail for head, which, tail in self.parts]
 
     def checks(self, keys: Sequence[str]) -> list[Check]:
@@ -104,6 +122,15 @@ class Route:
             TierCheck(t.tier, t.name, c, t.resource)
             for t, c in zip(self.tiers, keyed(self.calls[1:], keys[1:]), strict=True)
         ]
+
+    def crossings(self, reply: Reply) -> list[int]:
+        """The tiers (indexes into ``tiers``) that this admitted request took across the
+        near-limit line; empty when the line is off."""
+        lines = self.lines
+        if not lines:
+            return []
+        found = reply.crossings(lines)
+        return [i - 1 for i in found] if found else found
 
     def decision(self, reply: Reply) -> tuple[Outcome | None, Decision]:
         """(the block gate's outcome if it denies, else None; the tiers' decision)."""
@@ -151,8 +178,12 @@ def build_route(
     spec: LimitSpec | None,
     resource: str | None,
     cost: int,
+    tenant: bool = False,
+    near: float | None = None,
 ) -> Route:
-    """The route of a request, from the policy's own checks with placeholder tags."""
+    """The route of a request, from the policy's own checks with placeholder tags;
+    ``tenant``: the caller has a tenant, so its tenant tier applies; ``near``:
+    QUOTA_NEAR_LIMIT, the share whose crossing the route reports."""
     keyed_by = _MARKS[KEY] if spec is not None and spec.key is not None else None
     tiers = policy.checks(
         plan,
@@ -163,8 +194,9 @@ def build_route(
         resource=resource,
         cost=cost,
         endpoint_tag=keyed_by,
+        tenant_tag=_MARKS[TENANT] if tenant else None,
     )
-    return Route(plan, tiers, gate_check(policy.keys, _MARKS[WHO]))
+    return Route(plan, tiers, gate_check(policy.keys, _MARKS[WHO]), near)
 
 
 def _split(key: str) -> tuple[str, int, str]:

@@ -1,4 +1,4 @@
-"""The three tiers every request is checked against."""
+"""The tiers every request is checked against."""
 
 from __future__ import annotations
 
@@ -11,5 +11,9 @@ class Tier(StrEnum):
     """The tiers a request is checked against, in this order."""
 
     GLOBAL = "global"  # per client IP: the first wall against floods
+    # Per ``Identity.tenant``, shared by every caller of one customer org. It sits between
+    # global and user: wider than a caller's own bucket, so when both are full the
+    # tenant's is the one worth naming (and an org's neighbours are stopped first).
+    TENANT = "tenant"
     USER = "user"  # per identity: the business quota
     ENDPOINT = "endpoint"  # per identity, method and resource: expensive endpoints

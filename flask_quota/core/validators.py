@@ -50,11 +50,11 @@ def is_count(value: object, *, minimum: int = 0) -> bool:
 
 
 def tier_name(value: str) -> Tier:
-    """``"global"``, ``"user"`` or ``"endpoint"`` (any case, surrounding blanks ignored)."""
+    """``"global"``, ``"tenant"``, ``"user"`` or ``"endpoint"`` (any case, blanks ignored)."""
     try:
         return Tier(str(value).strip().lower())
     except ValueError:
-        raise ValueError(f"unknown tier {value!r}: use global, user or endpoint") from None
+        raise ValueError(f"unknown tier {value!r}: use global, tenant, user or endpoint") from None
 
 
 def resource_name(value: object) -> str:
@@ -101,7 +101,7 @@ def rate_text(value: str | Rate | Rates) -> str:
 def tier_resource(tier: str, resource: str | None) -> tuple[Tier, str]:
     """A tier and its resource as plan limits and overrides store them.
 
-    The endpoint tier names a resource; global and user cover every resource
+    The endpoint tier names a resource; global, tenant and user cover every resource
     and store ``""``.
     """
     parsed = tier_name(tier)

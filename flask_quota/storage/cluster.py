@@ -1,14 +1,15 @@
 """Redis Cluster backend: one script call per hash slot, all-or-nothing by refund.
 
 Keys of one caller share a hash tag (see ``core/keys.py``), so the user and endpoint
-tiers of a request always sit in one slot; the global tier is keyed by IP and may
-sit in another. Each slot's tiers are decided atomically by the same Lua script
-as on a single Redis, the slots concurrently (one round trip each, in flight
-together). When a slot denies, the slots that allowed have already charged: they
-get a compensating refund (``lua/refund.lua``), so a denied request is charged
-nowhere. The price is a window of one round trip in which the refunded charge is
-visible: a concurrent request on the same tier may see it and be denied. The
-limiter can therefore under-admit near a limit, never over-admit.
+tiers of a request always sit in one slot; the global tier is keyed by IP and the
+tenant tier by tenant, so each may sit in another. Each slot's tiers are decided
+atomically by the same Lua script as on a single Redis, the slots concurrently (one
+round trip each, in flight together). When a slot denies, the slots that allowed
+have already charged: they get a compensating refund (``lua/refund.lua``), so a
+denied request is charged nowhere. The price is a window of one round trip in
+which the refunded charge is visible: a concurrent request on the same tier may
+see it and be denied. The limiter can therefore under-admit near a limit, never
+over-admit.
 """
 
 from __future__ import annotations

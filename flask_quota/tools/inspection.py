@@ -29,6 +29,7 @@ __all__ = [
     "peek",
     "plan_of",
     "reset",
+    "tenant_checks",
 ]
 
 
@@ -37,23 +38,29 @@ class Caller:
     """Whose buckets: an identity's (``tag`` ``id=...``) or an anonymous IP's (``ip=...``).
 
     ``ip_tag`` adds the per-IP global tier; ``identity`` is the raw id when known
-    (plan and overrides are looked up by it).
+    (plan and overrides are looked up by it); ``tenant`` adds the identity's tenant
+    tier (a tag does not say which tenant a caller belongs to).
     """
 
     tag: str
     ip_tag: str | None = None
     identity: str | None = None
+    tenant: str | None = None
 
     @classmethod
-    def of(cls, identity: str | None = None, ip: str | None = None) -> Caller:
-        """The caller with this identity id and/or client address."""
+    def of(
+        cls, identity: str | None = None, ip: str | None = None, tenant: str | None = None
+    ) -> Caller:
+        """The caller with this identity id and/or client address (and its tenant)."""
         if identity is None and ip is None:
             raise ValueError("name an identity (e.g. a client id), or an IP address, or both")
+        if tenant is not None and identity is None:
+            raise ValueError("a tenant belongs to an identity: name the identity too")
         ip_tag = KeyBuilder.ip_tag(client_ip(ip)) if ip is not None else None
         if identity is None:
             assert ip_tag is not None
             return cls(ip_tag, ip_tag, None)
-        return cls(KeyBuilder.identity_tag(identity), ip_tag, identity)
+        return cls(KeyBuilder.identity_tag(identity), ip_tag, identity, tenant)
 
     @classmethod
     def from_tag(cls, tag: str) -> Caller:
@@ -94,7 +101,7 @@ def is_tag(tag: str) -> bool:
 class BucketState:
     """One bucket as ``peek`` saw it; nothing was charged."""
 
-    tier: str  # "global", "user" or "endpoint"
+    tier: str  # "global", "tenant", "user" or "endpoint"
     name: str  # "global", "user" or "resource (METHOD)"
     rate: str
     limit: int
@@ -135,11 +142,32 @@ def plan_of(
 def caller_checks(app: Flask, state: QuotaState, caller: Caller, plan: Plan) -> list[TierCheck]:
     """Cost-0 checks over every bucket the request path can use for ``caller``."""
     endpoints = limited_endpoints(app)
-    checks = state.policy.inspection_checks(plan, caller.tag, endpoints)
+    tenant_tag = KeyBuilder.tenant_tag(caller.tenant) if caller.tenant is not None else None
+    checks = state.policy.inspection_checks(plan, caller.tag, endpoints, tenant_tag)
     if caller.ip_tag is not None and caller.ip_tag != caller.tag:  # the global tier is per IP
         ip_checks = state.policy.inspection_checks(plan, caller.ip_tag, [])
         checks[:0] = [c for c in ip_checks if c.name == "global"]
     return checks
+
+
+def tenant_checks(
+    state: QuotaState, tenant: str, *, plan: str | None = None, catalog: PlanCatalog | None = None
+) -> list[TierCheck]:
+    """Cost-0 checks over a tenant's own bucket (its tenant tier), to peek or reset it.
+
+    The bucket's rate comes from each caller's plan, so without ``plan`` every plan
+    with a tenant tier is looked at; a key two plans share is listed once (the first
+    plan's rate: the one ``peek`` reports).
+    """
+    catalog = catalog if catalog is not None else state.catalog()
+    if plan is not None and plan not in catalog:
+        raise ValueError(f"unknown plan {plan!r}; known plans: {', '.join(catalog)}")
+    tag = KeyBuilder.tenant_tag(tenant)
+    checks: dict[str, TierCheck] = {}
+    for name in [plan] if plan is not None else list(catalog):
+        for check in state.policy.tenant_checks(catalog[name], tag):
+            checks.setdefault(check.check.key, check)
+    return list(checks.values())
 
 
 def peek(state: QuotaState, checks: Sequence[TierCheck]) -> list[BucketState]:
@@ -190,6 +218,7 @@ def reset(
 
 
 def _tags_in(keys: Sequence[str]) -> list[str]:
-    """The caller tags (``{...}`` of ``KeyBuilder``'s keys) in ``keys``, identities first."""
+    """The tags (``{...}`` of ``KeyBuilder``'s keys) in ``keys``, identities first
+    (a tenant's, when its bucket alone is reset)."""
     tags = dict.fromkeys(key[key.find("{") + 1 : key.rfind("}")] for key in keys if "{" in key)
     return sorted(tags, key=lambda tag: not Tag(tag).is_identity)

@@ -1,0 +1,148 @@
+"""A caller's own quota (``QUOTA_STATUS_URL``): every bucket of it, in one storage call.
+
+The call charges the status request on the ``global`` tier, as any request is,
+and reads every other bucket of the caller (its user tier and each limited
+endpoint's) as cost-0 shadow checks: decided like the rest, so what they say is
+exactly what a ``peek`` says, but a shadow check never denies and a cost of 0
+takes nothing. So the answer comes from the same snapshot (plans and overrides
+through the enforcer) and the same storage (deny cache, breaker and fail mode
+through its guard) as enforcement, and costs one round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .algorithms import Outcome
+from .checks import Check, shown_limit
+from .clock import seconds_until
+from .enforcer import Enforcer, Facts
+from .errors import QuotaExceeded, QuotaUnavailable
+from .policy import Decision, LimitSpec, TierCheck, TierResult, gate_check
+from .reply import LocalReply
+from .tiers import Tier
+
+__all__ = ["BucketStatus", "CallerStatus", "caller_status"]
+
+
+@dataclass(frozen=True, slots=True)
+class BucketStatus:
+    """One bucket of the caller, as the status answer shows it."""
+
+    tier: str  # "global", "user", "endpoint", ...
+    resource: str | None  # the endpoint tier's resource
+    policy: str  # its ``RateLimit-Policy`` name: "global", "user", "search", "search@86400"
+    limit: int
+    remaining: int
+    reset: int  # whole seconds until the bucket is full again
+    window: int  # the rate's window in seconds
+
+
+@dataclass(frozen=True, slots=True)
+class CallerStatus:
+    plan: str
+    tenant: str | None
+    limits: tuple[BucketStatus, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        """The JSON body of SPEC 8.2: ``{"plan", "tenant", "limits": [...]}``."""
+        return {
+            "plan": self.plan,
+            "tenant": self.tenant,
+            "limits": [
+                {
+                    "tier": b.tier,
+                    "resource": b.resource,
+                    "policy": b.policy,
+                    "limit": b.limit,
+                    "remaining": b.remaining,
+                    "reset": b.reset,
+                    "window": b.window,
+                }
+                for b in self.limits
+            ],
+        }
+
+
+def caller_status(
+    enforcer: Enforcer,
+    facts: Facts,
+    endpoints: Sequence[tuple[str, str, LimitSpec]],
+    *,
+    charge: bool = True,
+) -> CallerStatus:
+    """The status of ``facts``' caller over the app's limited ``endpoints`` ((method,
+    resource, spec), as ``state.limited_endpoints`` lists them); ``charge=False``
+    (enforcement switched off) reads the global tier too.
+
+    Raises as ``Enforcer.decide`` does: ``QuotaExceeded`` when the global tier denies
+    the status request itself (``CallerBlocked`` for a blocked caller), and
+    ``QuotaUnavailable`` when the storage cannot answer, whatever the fail mode (with
+    nothing read there is nothing to show).
+    """
+    catalog = enforcer.catalog()
+    tag, plan, tenant_tag = enforcer.caller(catalog, facts)
+    policy = enforcer.policy
+    own = policy.checks(
+        plan, ip_tag=facts.ip_tag, identity_tag=tag, method=facts.method,
+        spec=None, resource=None, cost=1, tenant_tag=tenant_tag,
+    )  # fmt: skip
+    charged = [t for t in own if t.tier is Tier.GLOBAL] if charge else []
+    read = [t for t in own if t.tier is not Tier.GLOBAL or not charge]
+    seen = {t.check.key for t in own}
+    for method, resource, spec in endpoints:
+        if spec.key is not None:
+            continue  # a key= owner's bucket (an organisation's), not the caller's own
+        for t in policy.checks(
+            plan, ip_tag=facts.ip_tag, identity_tag=tag, method=method,
+            spec=spec, resource=resource, cost=0,
+        ):  # fmt: skip
+            if t.tier is Tier.ENDPOINT and t.check.key not in seen:
+                seen.add(t.check.key)
+                read.append(t)
+    calls = [gate_check(policy.keys, tag)]
+    calls += [t.check for t in charged]
+    calls += [Check(c.key, c.algorithm, c.rate, 0, shadow=True) for c in (t.check for t in read)]
+    keys = [c.key for c in calls]
+    reply = enforcer.guard.decide_flat(calls, keys)
+    if reply is None:  # failing open: the request may pass, but nothing was read
+        raise QuotaUnavailable()
+    results = tuple(
+        TierResult(
+            t.tier, t.name, t.check.rate, reply.outcome(i + 1, shown_limit(t.check)),
+            t.resource, t.check.shadow,
+        )
+        for i, t in enumerate(charged)
+    )  # fmt: skip
+    decision = Decision(plan.name, results, reply.now_us)
+    observer = enforcer.observer
+    if observer is not None and observer.watching():
+        blocked = not reply.allowed(0)
+        observer.decided(decision, local=isinstance(reply, LocalReply), blocked=blocked)
+    if not reply.allowed(0):
+        raise enforcer.refusal(decision, reply.outcome(0, 0), keys[0])
+    if not reply.all_allowed:
+        if enforcer.events is not None:
+            enforcer.events.exceeded(decision)
+        upgrade = catalog.upgrade_hint(plan.name, Tier.GLOBAL, None)
+        raise QuotaExceeded(decision, upgrade=upgrade, cost=1)
+    limits = tuple(
+        _bucket(t, reply.outcome(i + 1, shown_limit(t.check)), reply.now_us)
+        for i, t in enumerate([*charged, *read])
+    )
+    tenant = facts.identity.tenant if facts.identity is not None else None
+    return CallerStatus(plan.name, tenant, limits)
+
+
+def _bucket(check: TierCheck, outcome: Outcome, now_us: int) -> BucketStatus:
+    return BucketStatus(
+        check.tier.value,
+        check.resource,
+        check.name,
+        outcome.limit,
+        max(0, outcome.remaining),
+        seconds_until(outcome.reset_us, now_us),
+        check.check.rate.window,
+    )

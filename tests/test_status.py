@@ -1,0 +1,224 @@
+"""QUOTA_STATUS_URL: a caller reads its own quota, charged on the global tier only."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask, request
+from flask.testing import FlaskClient
+
+from flask_quota import Identity, Quota
+from flask_quota.storage import MemoryStorage
+from flask_quota.testing import FrozenClock
+
+KEY = "status_key_0123456789"
+PLANS = {
+    "pro": {"global": "100/minute", "user": "10/minute", "resources": {"search": "4/minute"}},
+    "free": {"global": "3/minute", "user": "2/minute"},
+}
+
+
+def status_app(app: Flask, **config: Any) -> tuple[FlaskClient, Quota]:
+    storage = config.pop("storage", None)
+    app.config.update({"QUOTA_PLANS": PLANS, "QUOTA_STATUS_URL": "/rate_limit", **config})
+    quota = Quota(app, storage=storage)
+
+    @quota.api_key_loader
+    def lookup(key: str) -> Identity | None:
+        return Identity("u42", "pro") if secrets.compare_digest(key, KEY) else None
+
+    @app.get("/search")
+    @quota.limit(resource="search")
+    def search() -> str:
+        return "found"
+
+    @app.get("/items")
+    def items() -> str:
+        return "ok"
+
+    return app.test_client(), quota
+
+
+def by_policy(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {row["policy"]: row for row in body["limits"]}
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_status_reads_without_charging_but_the_global_tier(
+    backend: str, app: Flask, request: pytest.FixtureRequest, close_sql: Callable[[Flask], Flask]
+) -> None:
+    """After one request to `search` (user 10/minute, search 4/minute, plan pro), five
+    GET /rate_limit all answer 200 with user 9 and search 3 left, plan "pro"; only the
+    global tier counts them (on memory and on a real Redis behind the deny cache)."""
+    config: dict[str, Any] = {}
+    if backend == "redis":
+        config["QUOTA_STORAGE_URL"] = request.getfixturevalue("own_redis").url
+    else:
+        config["storage"] = MemoryStorage(FrozenClock())
+    http, _ = status_app(close_sql(app), **config)
+    assert http.get("/search", headers={"X-API-Key": KEY}).status_code == 200
+    globals_left = []
+    for _ in range(5):
+        response = http.get("/rate_limit", headers={"X-API-Key": KEY})
+        assert response.status_code == 200
+        assert response.headers["Cache-Control"] == "no-store"
+        body = response.get_json()
+        assert (body["plan"], body["tenant"]) == ("pro", None)
+        rows = by_policy(body)
+        assert rows["user"]["remaining"] == 9
+        assert rows["search"]["remaining"] == 3
+        globals_left.append(rows["global"]["remaining"])
+    assert globals_left == [98, 97, 96, 95, 94]
+    assert body["limits"] == [
+        {"tier": "global", "resource": None, "policy": "global", "limit": 100,
+         "remaining": 94, "reset": body["limits"][0]["reset"], "window": 60},
+        {"tier": "user", "resource": None, "policy": "user", "limit": 10,
+         "remaining": 9, "reset": body["limits"][1]["reset"], "window": 60},
+        {"tier": "endpoint", "resource": "search", "policy": "search", "limit": 4,
+         "remaining": 3, "reset": body["limits"][2]["reset"], "window": 60},
+    ]  # fmt: skip
+    assert all(0 < row["reset"] <= 60 for row in body["limits"])
+    # The search bucket was not touched by the status reads: three more searches pass.
+    assert [http.get("/search", headers={"X-API-Key": KEY}).status_code for _ in range(4)] == [
+        200, 200, 200, 429,
+    ]  # fmt: skip
+
+
+def test_with_enforcement_off_nothing_is_charged(app: Flask) -> None:
+    """QUOTA_ENABLED=False: the status still reads every bucket, and charges none."""
+    http, _ = status_app(app, storage=MemoryStorage(FrozenClock()), QUOTA_ENABLED=False)
+    for _ in range(5):
+        body = http.get("/rate_limit").get_json()
+        assert {r["policy"]: r["remaining"] for r in body["limits"]} == {"global": 3, "user": 2}
+
+
+def test_an_anonymous_caller_is_answered_by_its_address(app: Flask) -> None:
+    """No key: the anonymous plan's buckets for the caller's IP."""
+    http, _ = status_app(app, storage=MemoryStorage(FrozenClock()))
+    http.get("/items", environ_base={"REMOTE_ADDR": "192.0.2.7"})
+    body = http.get("/rate_limit", environ_base={"REMOTE_ADDR": "192.0.2.7"}).get_json()
+    assert body["plan"] == "free"
+    assert {r["policy"]: r["remaining"] for r in body["limits"]} == {"global": 1, "user": 1}
+
+
+def test_the_status_request_is_refused_when_the_global_tier_is_spent(app: Flask) -> None:
+    """The status request counts on the global tier like any other: once spent, it is a
+    429 naming the global tier, and the user bucket is still untouched."""
+    http, _ = status_app(app, storage=MemoryStorage(FrozenClock()))
+    codes = [http.get("/rate_limit").status_code for _ in range(4)]
+    assert codes == [200, 200, 200, 429]
+    denied = http.get("/rate_limit")
+    assert denied.status_code == 429 and denied.get_json()["tier"] == "global"
+    assert "Retry-After" in denied.headers
+
+
+def test_a_blocked_caller_gets_its_block(app: Flask) -> None:
+    """A blocked caller's status is the block's 429, as on every other path."""
+    http, quota = status_app(app, storage=MemoryStorage(FrozenClock()))
+    with app.app_context():
+        quota.block(identity="u42", seconds=60)
+    response = http.get("/rate_limit", headers={"X-API-Key": KEY})
+    assert response.status_code == 429 and response.get_json()["tier"] == "blocked"
+
+
+def test_a_failing_storage_answers_503_not_500(app: Flask) -> None:
+    """Storage down, failing open: requests pass, but the status has nothing to show."""
+    http, _ = status_app(app, QUOTA_STORAGE_URL="redis://127.0.0.1:1/0", QUOTA_STORAGE_TIMEOUT=0.05)
+    assert http.get("/items").status_code == 200
+    response = http.get("/rate_limit")
+    assert response.status_code == 503
+    assert "Retry-After" in response.headers
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"X-API-Key": "x" * 10_000},
+        {"X-API-Key": "\x00\x01\x7f"},
+        {"X-API-Key": "ключ-🔑" * 20},
+        {"X-API-Key": ""},
+        {"X-Forwarded-For": "not an address, 999.1.1.1"},
+        {"X-API-Key": KEY[:-1]},
+    ],
+)
+@pytest.mark.parametrize("reject", [False, True])
+def test_hostile_keys_and_headers_never_500(
+    app: Flask, headers: dict[str, str], reject: bool
+) -> None:
+    """Junk keys are anonymous (or 401 with QUOTA_REJECT_UNKNOWN_KEYS), never a 500."""
+    http, _ = status_app(
+        app, storage=MemoryStorage(FrozenClock()), QUOTA_REJECT_UNKNOWN_KEYS=reject
+    )
+    response = http.get("/rate_limit?x=%00&plan=enterprise", headers=headers)
+    if "X-API-Key" in headers and reject:
+        assert response.status_code == 401
+    else:
+        assert response.status_code == 200
+        assert response.get_json()["plan"] == "free"  # a query names no plan
+    assert http.post("/rate_limit").status_code == 405
+
+
+def test_a_bad_status_url_is_refused(tmp_path: Path) -> None:
+    """A status URL that is not a path fails at init_app, naming the key."""
+    app = Flask(__name__, instance_path=str(tmp_path))
+    app.config["QUOTA_STATUS_URL"] = "rate_limit"
+    with pytest.raises(ValueError, match=r"QUOTA_STATUS_URL='rate_limit' must be a path"):
+        Quota(app)
+
+
+def test_without_the_setting_there_is_no_status_view(app: Flask) -> None:
+    """QUOTA_STATUS_URL=None (the default) serves nothing."""
+    http, _ = status_app(app, storage=MemoryStorage(FrozenClock()), QUOTA_STATUS_URL=None)
+    assert http.get("/rate_limit").status_code == 404
+
+
+def test_the_demo_serves_the_status(tmp_path: Path) -> None:
+    """The demo (wsgi.py) answers GET /rate_limit for a caller who searched once."""
+    from wsgi import create_app
+
+    demo = create_app(
+        {
+            "QUOTA_DASHBOARD_URL": None,
+            "QUOTA_DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
+        }
+    )
+    http = demo.test_client()
+    assert "GET /rate_limit" in http.get("/").get_json()["endpoints"]
+    http.get("/v1/search?q=x")
+    body = http.get("/rate_limit").get_json()
+    assert body["plan"] == "free"
+    searched = [r for r in body["limits"] if r["resource"] == "bulk_search"]
+    assert searched and searched[0]["remaining"] == searched[0]["limit"] - 1
+    demo.extensions["quota"].sql.close()
+
+
+def test_status_shows_the_tenants_bucket(app: Flask) -> None:
+    """A caller of a tenant sees the tenant's bucket, spent by its colleagues too."""
+    app.config.update(
+        QUOTA_PLANS={"team": {"tenant": "5/minute", "user": "10/minute"}},
+        QUOTA_DEFAULT_PLAN="team",
+        QUOTA_ANONYMOUS_PLAN="team",
+        QUOTA_STATUS_URL="/rate_limit",
+    )
+    quota = Quota(app, storage=MemoryStorage(FrozenClock()))
+
+    @quota.identity_loader
+    def who() -> Identity | None:
+        name = request.headers.get("X-User")
+        return Identity(name, "team", tenant="acme") if name else None
+
+    @app.get("/items")
+    def items() -> str:
+        return "ok"
+
+    http = app.test_client()
+    assert http.get("/items", headers={"X-User": "bob"}).status_code == 200
+    body = http.get("/rate_limit", headers={"X-User": "alice"}).get_json()
+    assert body["tenant"] == "acme"
+    rows = by_policy(body)
+    assert (rows["tenant"]["tier"], rows["tenant"]["remaining"]) == ("tenant", 4)
+    assert rows["user"]["remaining"] == 10
