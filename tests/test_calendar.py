@@ -24,6 +24,7 @@ from flask_quota.core.enforcer import Enforcer, Facts
 from flask_quota.core.keys import KeyBuilder, remote_ip_tag
 from flask_quota.core.policy import Policy
 from flask_quota.core.rates import parse_rate, parse_rates
+from flask_quota.core.validators import rate_text
 from flask_quota.settings import FailMode, Settings
 from flask_quota.storage import MemoryStorage
 from flask_quota.storage.breaker import CircuitBreaker
@@ -150,6 +151,27 @@ def test_calendar_rates_parse_and_print() -> None:
         parse_rate("3/2 months")
     plan = Plan("p", user_rate="2000000/month")
     assert str(plan.user_rate) == "2000000/month"
+    assert rate_text("3 per month") == "3/month"  # what the CLI and the dashboard store
+
+
+def test_a_calendar_rate_is_a_fixed_window_under_any_algorithm() -> None:
+    """Plans with large calendar quotas load under every QUOTA_ALGORITHM (a sliding log's
+    cap does not apply), and their checks are calendar windows on QUOTA_TIMEZONE."""
+    for algorithm in Algorithm:
+        settings = Settings.from_config({
+            "QUOTA_ALGORITHM": algorithm.value,
+            "QUOTA_TIMEZONE": "Asia/Kolkata",
+            "QUOTA_PLANS": {"free": {"user": "10/second, 2000000/month"}},
+        })  # fmt: skip
+        policy = Policy(KeyBuilder("q"), algorithm, calendar=settings.calendar)
+        tiers = policy.checks(
+            settings.plans["free"], ip_tag="i", identity_tag="u", method="GET",
+            spec=None, resource=None, cost=1,
+        )  # fmt: skip
+        second, month = (t.check for t in tiers)
+        assert (second.algorithm, second.calendar) == (algorithm, None)
+        assert month.algorithm is Algorithm.FIXED_WINDOW
+        assert month.calendar == Calendar("Asia/Kolkata", 1)
 
 
 @pytest.mark.parametrize(
@@ -234,6 +256,10 @@ def test_three_a_month_in_berlin_from_the_15th(
     assert denied.headers["X-RateLimit-Reset"] == str(APRIL_BOUNDARY // US)
     assert denied.headers["RateLimit"] == f'"user";r=0;t={wait}'
     assert denied.headers["RateLimit-Policy"] == f'"user";q=3;w={31 * 86400}'
+    body = denied.get_json()
+    assert body["window"] == 31 * 86400
+    assert body["retry_after"] == wait
+    assert "3 requests per month" in body["detail"]
     clock.now_us = APRIL_BOUNDARY - 1
     assert http.get("/report").status_code == 429
     clock.now_us = APRIL_BOUNDARY
@@ -368,7 +394,7 @@ def test_a_callers_own_billing_day_wins() -> None:
 
 
 @pytest.mark.redis
-def test_a_calendar_quota_costs_no_extra_round_trip(redis_server: Any, tmp_path: Path) -> None:
+def test_a_calendar_quota_costs_one_round_trip(redis_server: Any, tmp_path: Path) -> None:
     """With a N/month resource beside the user tier, on the Redis server clock, each
     request is still one round trip, allowed or denied."""
     client = counting_client(redis_server)
