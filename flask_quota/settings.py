@@ -356,12 +356,20 @@ def _block_after(get: dict[str, Any], key: str) -> Rate | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "off")):
         return None
     try:
-        return parse_rate(value)
+        rate = parse_rate(value)
     except ValueError:
         raise ValueError(
             f"{key}={value!r} is not a rate; use e.g. '20/minute' (a caller denied more often "
             f"is blocked for QUOTA_BLOCK_FOR seconds) or None to never block; rates: {ACCEPTED}"
         ) from None
+    if rate.calendar is not None:
+        # Denials are counted in a rolling window; a calendar month would forgive them all
+        # at once at its end.
+        raise ValueError(
+            f"{key}={value!r}: denials are counted over seconds to days, not a calendar "
+            f"{rate.calendar}; use e.g. '20/minute' or '500/day'"
+        )
+    return rate
 
 
 def _whole_seconds(get: dict[str, Any], key: str) -> int:

@@ -181,6 +181,7 @@ def test_a_calendar_rate_is_a_fixed_window_under_any_algorithm() -> None:
         ({"QUOTA_TIMEZONE": ""}, "QUOTA_TIMEZONE must be an IANA time zone"),
         ({"QUOTA_BILLING_DAY": 32}, "QUOTA_BILLING_DAY=32 must be a day of the month"),
         ({"QUOTA_BILLING_DAY": "0"}, "QUOTA_BILLING_DAY=0 must be a day of the month"),
+        ({"QUOTA_BLOCK_AFTER": "20/month"}, "QUOTA_BLOCK_AFTER='20/month': denials are counted"),
     ],
 )
 def test_bad_calendar_settings_name_the_key(config: dict[str, Any], message: str) -> None:

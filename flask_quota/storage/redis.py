@@ -291,6 +291,8 @@ class _ScriptCall:
         # id(checks) -> (checks, every check's arguments): a request shape (a tuple the
         # request path reuses, see ``Route``) is encoded once. Held, so the id stays its own.
         self._shapes: dict[int, tuple[Sequence[Check], bytes | None]] = {}
+        # id(check) -> (check, the calendar bounds it was encoded for, its arguments).
+        self._calendar_args: dict[int, tuple[Check, tuple[int, ...], bytes]] = {}
 
     def pack(
         self, mode: str, now: bytes, checks: Sequence[Check], keys: Sequence[str] | None = None
@@ -321,9 +323,19 @@ class _ScriptCall:
         return b"".join(parts)
 
     def _check_args(self, check: Check, now: bytes) -> bytes:
-        if check.calendar is not None:
-            around = int(now) if now else None
-            return b"".join(_bulk(arg.encode()) for arg in check_args(check, around))
+        calendar, unit = check.calendar, check.rate.calendar
+        if calendar is not None and unit is not None:
+            # Encoded again only when the window moves: the calendar hands back the same
+            # bounds tuple while the clock stays inside it.
+            bounds = calendar.bounds(unit, int(now) if now else wall_clock_us())
+            found = self._calendar_args.get(id(check))
+            if found is not None and found[0] is check and found[1] is bounds:
+                return found[2]
+            encoded = b"".join(_bulk(arg.encode()) for arg in check_args(check, bounds[1]))
+            if len(self._calendar_args) >= 4096:
+                self._calendar_args.clear()
+            self._calendar_args[id(check)] = (check, bounds, encoded)
+            return encoded
         found = self._args.get((id(check.rate), id(check.algorithm), check.cost, check.shadow))
         return self._encode(check) if found is None else found[2]
 
