@@ -383,8 +383,9 @@ def test_a_callers_own_billing_day_wins() -> None:
     default = ask("b", None)()
     assert default is not None
     assert default.decision().results[0].outcome.reset_us == _us(datetime(2026, 4, 1, tzinfo=UTC))
-    with pytest.raises(QuotaExceeded):
+    with pytest.raises(QuotaExceeded) as denied:
         ask("a", 25)()
+    assert str(denied.value.decision).startswith("denied by user: 1 per month on plan 'free'")
     clock.now_us = _us(datetime(2026, 3, 25, tzinfo=UTC))
     assert ask("a", 25)() is not None  # its month turned; b's has not
     with pytest.raises(QuotaExceeded):

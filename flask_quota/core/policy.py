@@ -193,7 +193,8 @@ class Decision:
             o = denied.outcome
             retry = max(1, self.seconds_until(self.now_us + o.retry_after_us))
             return (
-                f"denied by {_label(denied)}: {o.limit} per {denied.rate.policy_window} s "
+                f"denied by {_label(denied)}: {o.limit} per "
+                f"{denied.rate.calendar or f'{denied.rate.policy_window} s'} "
                 f"on plan {self.plan!r}, retry in {retry} s"
             )
         text = f"allowed on plan {self.plan!r}"
@@ -295,8 +296,9 @@ class Policy:
     def endpoint_checks(self, checks: list[TierCheck], cost: int) -> list[Check]:
         """The endpoint tier's checks among ``checks``, each weighing ``cost``."""
         return [
-            Check(c.check.key, c.check.algorithm, c.check.rate, cost, c.check.shadow,
-                  c.check.calendar)
+            Check(
+                c.check.key, c.check.algorithm, c.check.rate, cost, c.check.shadow, c.check.calendar
+            )
             for c in checks
             if c.tier is Tier.ENDPOINT
         ]

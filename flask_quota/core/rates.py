@@ -157,9 +157,7 @@ def parse_rate(text: str | Rate) -> Rate:
             f"expected {ACCEPTED}"
         )
     try:
-        return Rate(
-            int(match.group("limit")), mult * unit, int(burst) if burst else None, calendar
-        )
+        return Rate(int(match.group("limit")), mult * unit, int(burst) if burst else None, calendar)
     except ValueError as exc:
         raise ValueError(f"invalid rate {text!r}: {exc}; expected {ACCEPTED}") from None
 
