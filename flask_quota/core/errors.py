@@ -79,9 +79,10 @@ class QuotaExceeded(_Problem, TooManyRequests):
                 f"{outcome.limit}; it can never pass."
             )
         else:
+            # A calendar window's nominal length would mislead: name its unit.
+            period = denied.rate.calendar or f"{window} s"
             detail = (
-                f"{what} exceeded: {outcome.limit} requests per {window} s "
-                f"on plan {decision.plan!r}."
+                f"{what} exceeded: {outcome.limit} requests per {period} on plan {decision.plan!r}."
             )
         super().__init__(detail)
         # Set after super().__init__, which would reset ``retry_after``.

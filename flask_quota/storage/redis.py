@@ -13,7 +13,16 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..tools.usage import RedisUsageSink, UsageSink
-from .base import BlockEntry, Check, Clock, Reply, Verdict, verdict_of, wraps_errors
+from .base import (
+    BlockEntry,
+    Check,
+    Clock,
+    Reply,
+    Verdict,
+    verdict_of,
+    wall_clock_us,
+    wraps_errors,
+)
 from .url import parse_storage_url
 
 __all__ = [
@@ -58,44 +67,86 @@ CHARGE_SCRIPT = _script("common.lua", "charge.lua")  # charge past the limit (qu
 SHADOW_MARK = "~"  # before a check's algorithm code in decide.lua's ARGV: a shadow check
 
 
+CALENDAR_CODE = "cw"  # a calendar window's code in the scripts' ARGV (a fixed window's state)
+
+
 def decide_args(checks: Sequence[Check], mode: str, now_arg: Any) -> list[Any]:
     """ARGV of ``decide.lua``: ``check_args`` of each check after ``mode`` and ``now_arg``."""
     args: list[Any] = [mode, now_arg]
+    around = _around(now_arg)
     for check in checks:
-        args += check_args(check)
+        args += check_args(check, around)
     return args
 
 
-def check_args(check: Check) -> list[str]:
+def check_args(check: Check, around_us: int | None = None) -> list[str]:
     """One check's five arguments to ``decide.lua``. A shadow check's code carries
     ``SHADOW_MARK`` ("~tb"). The rate's numbers are hexadecimal: Lua reads a base-16
     number with ``strtoul`` and a decimal one with ``strtod``, which cost about a
     twentieth of the script's instructions for these numbers. The cost stays
-    decimal: it may be negative (a refund), which ``strtoul`` would wrap around."""
+    decimal: it may be negative (a refund), which ``strtoul`` would wrap around.
+
+    A calendar check (``cw``) sends ``calendar_bounds`` around ``around_us`` (this
+    machine's clock when None) in place of its window."""
     rate, code = check.rate, check.algorithm.code
+    if check.calendar is not None:
+        code = CALENDAR_CODE
+        window = calendar_bounds(check, around_us)
+    else:
+        window = f"{rate.window_us:x}"
     return [
         SHADOW_MARK + code if check.shadow else code,
-        *(f"{n:x}" for n in (rate.limit, rate.window_us, rate.capacity)),
+        f"{rate.limit:x}",
+        window,
+        f"{rate.capacity:x}",
         str(check.cost),
     ]
 
 
+def calendar_bounds(check: Check, around_us: int | None) -> str:
+    """``"prev:start:end:next"`` (decimal microseconds): the edges of a calendar check's
+    window at ``around_us`` and of its neighbours. The script picks the window its own
+    clock (Redis ``TIME``) falls in, so the zone and the calendar stay out of Lua and a
+    client clock a little off (less than a window) changes nothing."""
+    calendar, unit = check.calendar, check.rate.calendar
+    assert calendar is not None and unit is not None
+    now = wall_clock_us() if around_us is None else around_us
+    return ":".join(str(edge) for edge in calendar.bounds(unit, now))
+
+
+def _around(now_arg: Any) -> int | None:
+    """The time a script's ``now`` argument names (tests), or None for the server's."""
+    if isinstance(now_arg, bytes):
+        now_arg = now_arg.decode()
+    return int(now_arg) if now_arg not in ("", None) else None
+
+
 def refund_args(checks: Sequence[Check], now_arg: Any, charged_at_us: int) -> list[Any]:
-    """ARGV of ``refund.lua``."""
+    """ARGV of ``refund.lua``. A calendar check sends, in place of its window, the start
+    of the window it was charged in: ``charged_at_us`` is the server's time of the charge."""
     args: list[Any] = [now_arg]
     for check in checks:
-        rate = check.rate
-        args += [check.algorithm.code, rate.limit, rate.window_us, rate.capacity, check.cost]
+        rate, calendar, unit = check.rate, check.calendar, check.rate.calendar
+        if calendar is not None and unit is not None:
+            start = calendar.span(unit, charged_at_us)[0]
+            args += [CALENDAR_CODE, rate.limit, start, rate.capacity, check.cost]
+        else:
+            args += [check.algorithm.code, rate.limit, rate.window_us, rate.capacity, check.cost]
         args.append(charged_at_us)
     return args
 
 
 def charge_args(checks: Sequence[Check], now_arg: Any) -> list[Any]:
-    """ARGV of ``charge.lua``."""
+    """ARGV of ``charge.lua``; a calendar check's window is ``calendar_bounds``."""
     args: list[Any] = [now_arg]
+    around = _around(now_arg)
     for check in checks:
         rate = check.rate
-        args += [check.algorithm.code, rate.limit, rate.window_us, rate.capacity, check.cost]
+        if check.calendar is not None:
+            window: Any = calendar_bounds(check, around)
+            args += [CALENDAR_CODE, rate.limit, window, rate.capacity, check.cost]
+        else:
+            args += [check.algorithm.code, rate.limit, rate.window_us, rate.capacity, check.cost]
     return args
 
 
@@ -239,7 +290,9 @@ class _ScriptCall:
         self._args: dict[tuple[int, int, int, bool], tuple[Any, Any, bytes]] = {}
         # id(checks) -> (checks, every check's arguments): a request shape (a tuple the
         # request path reuses, see ``Route``) is encoded once. Held, so the id stays its own.
-        self._shapes: dict[int, tuple[Sequence[Check], bytes]] = {}
+        self._shapes: dict[int, tuple[Sequence[Check], bytes | None]] = {}
+        # id(check) -> (check, the calendar bounds it was encoded for, its arguments).
+        self._calendar_args: dict[int, tuple[Check, tuple[int, ...], bytes]] = {}
 
     def pack(
         self, mode: str, now: bytes, checks: Sequence[Check], keys: Sequence[str] | None = None
@@ -256,18 +309,33 @@ class _ScriptCall:
         parts.append(self._modes[mode])
         parts.append(_bulk(now))
         shape = self._shapes.get(id(checks))
-        if shape is not None and shape[0] is checks:
+        if shape is not None and shape[0] is checks and shape[1] is not None:
             parts.append(shape[1])
         else:
-            args = b"".join([self._check_args(check) for check in checks])
-            if type(checks) is tuple:  # a reused shape; a list is made per call
-                if len(self._shapes) >= 4096:
+            args = b"".join([self._check_args(check, now) for check in checks])
+            if type(checks) is tuple and (shape is None or shape[0] is not checks):
+                if len(self._shapes) >= 4096:  # a reused shape; a list is made per call
                     self._shapes.clear()
-                self._shapes[id(checks)] = (checks, args)
+                # A calendar check's arguments follow the clock: kept as "encode each time".
+                calendar = any(c.calendar is not None for c in checks)
+                self._shapes[id(checks)] = (checks, None if calendar else args)
             parts.append(args)
         return b"".join(parts)
 
-    def _check_args(self, check: Check) -> bytes:
+    def _check_args(self, check: Check, now: bytes) -> bytes:
+        calendar, unit = check.calendar, check.rate.calendar
+        if calendar is not None and unit is not None:
+            # Encoded again only when the window moves: the calendar hands back the same
+            # bounds tuple while the clock stays inside it.
+            bounds = calendar.bounds(unit, int(now) if now else wall_clock_us())
+            found = self._calendar_args.get(id(check))
+            if found is not None and found[0] is check and found[1] is bounds:
+                return found[2]
+            encoded = b"".join(_bulk(arg.encode()) for arg in check_args(check, bounds[1]))
+            if len(self._calendar_args) >= 4096:
+                self._calendar_args.clear()
+            self._calendar_args[id(check)] = (check, bounds, encoded)
+            return encoded
         found = self._args.get((id(check.rate), id(check.algorithm), check.cost, check.shadow))
         return self._encode(check) if found is None else found[2]
 
