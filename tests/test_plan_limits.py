@@ -21,8 +21,8 @@ from flask_quota.core.tiers import Tier
 from flask_quota.dashboard.data import tier_totals
 from flask_quota.storage import Check, Storage
 from flask_quota.storage.denycache import DenyCache
+from flask_quota.storage.usage import SHADOW_DENIED
 from flask_quota.testing import FrozenClock, MemoryStorage, test_storage
-from flask_quota.tools.usage import SHADOW_DENIED
 from tests.servers import RedisServer
 
 PLANS = {"free": {"user": "100/minute", "resources": {"ai_inference": "50/minute"}}}
