@@ -19,9 +19,19 @@ from ..core.algorithms import (
     window_step,
 )
 from ..core.calendar import Calendar
+from ..core.generations import Generations
 from ..core.rates import Rate
-from ..tools.usage import MemoryUsageSink, UsageSink
-from .base import BlockEntry, Check, Clock, Reply, Verdict, verdict_of, wall_clock_us
+from .base import (
+    BlockEntry,
+    Check,
+    Clock,
+    Reply,
+    Verdict,
+    storage_errors,
+    verdict_of,
+    wall_clock_us,
+)
+from .usage import MemoryUsageSink, UsageSink
 
 __all__ = ["MemoryStorage"]
 
@@ -29,8 +39,10 @@ __all__ = ["MemoryStorage"]
 _Shape = tuple[Callable[[Any, int, Rate, int], Step], Rate, int, bool]
 _SLOT_US = 1_000_000  # expiry is swept in one-second slots
 _COMPACT_MIN = 4096  # tables smaller than this are never rebuilt
+_SHAPES = 2048  # request shapes per generation of the shape cache
 
 
+@storage_errors()  # no client: its only errors are defects, which the guard handles
 class MemoryStorage:
     """Counters in a dict guarded by one lock.
 
@@ -49,8 +61,9 @@ class MemoryStorage:
         self._slot_heap: list[int] = []
         self._high = 0  # most keys seen at a sweep since the tables were last rebuilt
         # id(checks) -> (checks, its steps): a request shape reused across requests
-        # (a tuple, see ``Route``) has its algorithm functions looked up once.
-        self._shapes: dict[int, tuple[Sequence[Check], list[_Shape]]] = {}
+        # (a tuple, see ``Route``) has its algorithm functions looked up once. Held, so
+        # the id stays its own; bounded by generations, so shapes in use stay cached.
+        self._shapes: Generations[int, tuple[Sequence[Check], list[_Shape]]] = Generations(_SHAPES)
 
     def __len__(self) -> int:
         return len(self._data)
@@ -149,7 +162,7 @@ class MemoryStorage:
             self._sweep(self._clock())
 
     def _run(self, checks: Sequence[Check], keys: Sequence[str], *, commit: bool) -> Reply:
-        found = self._shapes.get(id(checks))
+        found = self._shapes.current.get(id(checks))
         shape = found[1] if found is not None and found[0] is checks else self._shape(checks)
         with self._lock:
             now = self._clock()
@@ -198,11 +211,13 @@ class MemoryStorage:
             return reply
 
     def _shape(self, checks: Sequence[Check]) -> list[_Shape]:
+        if type(checks) is not tuple:  # a list is made per call: not worth keeping
+            return [(_step_of(c), c.rate, c.cost, c.shadow) for c in checks]
+        found = self._shapes.recall(id(checks))
+        if found is not None and found[0] is checks:
+            return found[1]
         shape = [(_step_of(c), c.rate, c.cost, c.shadow) for c in checks]
-        if type(checks) is tuple:  # a reused shape; a list is made per call
-            if len(self._shapes) >= 4096:
-                self._shapes.clear()
-            self._shapes[id(checks)] = (checks, shape)
+        self._shapes.put(id(checks), (checks, shape))
         return shape
 
     def _live(self, key: str, now: int) -> Any:
