@@ -67,16 +67,6 @@ FAIL_MODE_EFFECTS = {
     "local": "each worker limits API requests on its own",
 }
 
-# What a storage or usage-sink read raises when Redis is down or hung. The sink
-# talks to the Redis client directly, so its errors are not wrapped in StorageError.
-READ_ERRORS: tuple[type[Exception], ...] = (StorageError, OSError)
-try:  # redis-py is imported only by apps that use Redis
-    from redis.exceptions import RedisClusterException, RedisError
-except ImportError:  # pragma: no cover
-    pass
-else:
-    READ_ERRORS += (RedisError, RedisClusterException)
-
 T = TypeVar("T")
 
 
@@ -100,7 +90,7 @@ class Reads:
             return None
         try:
             return read()
-        except READ_ERRORS as exc:
+        except StorageError as exc:  # every storage and usage-sink read raises only this
             # The kind of failure (ConnectionError, TimeoutError...), not the message:
             # that may carry the storage's URL.
             self.error = type(exc.__cause__ or exc).__name__

@@ -25,6 +25,7 @@ from .sql.inputs import parse_duration
 from .sql.models import Client
 from .state import QuotaState, exempt, get_state
 from .storage import Check, MemoryStorage, Storage, StorageError
+from .storage.usage import HOUR, SHADOW_DENIED, Mark, MinuteUsage
 from .tools.blocks import block, list_blocks, unblock
 from .tools.inspection import (
     BucketState,
@@ -36,7 +37,6 @@ from .tools.inspection import (
     plan_of,
     reset,
 )
-from .tools.usage import HOUR, SHADOW_DENIED, Mark, MinuteUsage
 
 __all__ = [
     "HOUR",

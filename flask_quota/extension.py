@@ -135,7 +135,12 @@ class Quota:
             if metrics is not None:
                 storage.on_hit = metrics.deny_cache_hit
         guard = GuardedStorage(storage, settings.fail_mode, breaker)
-        policy = Policy(KeyBuilder(settings.key_prefix), settings.algorithm, shadow=settings.shadow)
+        policy = Policy(
+            KeyBuilder(settings.key_prefix),
+            settings.algorithm,
+            shadow=settings.shadow,
+            calendar=settings.calendar,
+        )
         escalate = None
         if settings.block_after is not None:
             escalate = functools.partial(blocks.escalate, storage, guard, settings, policy.keys)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -13,6 +13,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from .core.algorithms import Algorithm
+from .core.calendar import Calendar
 from .core.headers import HeaderMode
 from .core.plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
 from .core.rates import ACCEPTED, Rate, parse_rate
@@ -66,6 +67,8 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_PLANS_SOURCE": "database",  # or "config": QUOTA_PLANS is applied to SQL at start
     "QUOTA_STATUS_URL": None,  # e.g. "/rate_limit": the caller's own quota as JSON
     "QUOTA_NEAR_LIMIT": 0.8,  # share of a bucket used that fires signals.quota_near_limit
+    "QUOTA_TIMEZONE": "UTC",  # N/month and N/year windows follow this zone's calendar
+    "QUOTA_BILLING_DAY": 1,  # day of the month a N/month quota resets (1-31, clamped)
 }
 
 # What each key means: the configuration reference (README, docs and init_app's
@@ -143,6 +146,15 @@ DOCS["QUOTA_NEAR_LIMIT"] = (
     "once and counts ``flask_quota_near_limit_total``; the dashboard's \"about to hit the "
     'limit" list uses it too. ``None``: no warning.'
 )
+DOCS["QUOTA_TIMEZONE"] = (
+    "IANA time zone (``zoneinfo``) whose calendar ``N/month`` and ``N/year`` rates follow: "
+    "their windows start at local midnight, DST changes included."
+)
+DOCS["QUOTA_BILLING_DAY"] = (
+    "Day of the month (1-31) a ``N/month`` quota resets on, at 00:00 in "
+    "``QUOTA_TIMEZONE``; a day past the month's end means its last day (31: April 30). "
+    "Years start on January 1."
+)
 
 # Read by the dashboard when it is mounted (dashboard/auth.py), not by Settings.
 DASHBOARD_DOCS: dict[str, str] = {
@@ -197,6 +209,7 @@ class Settings:
     plans_configured: bool = False  # QUOTA_PLANS was given (not the built-in plans)
     status_url: str | None = None
     near_limit: float | None = 0.8
+    calendar: Calendar = field(default_factory=Calendar)  # QUOTA_TIMEZONE, QUOTA_BILLING_DAY
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -250,6 +263,7 @@ class Settings:
             plans_configured=bool(raw_plans),
             status_url=_path(get, "QUOTA_STATUS_URL", "/rate_limit"),
             near_limit=_share(get, "QUOTA_NEAR_LIMIT"),
+            calendar=_calendar(get),
         )
         for key in ("QUOTA_DEFAULT_PLAN", "QUOTA_ANONYMOUS_PLAN"):
             if get[key] not in plans:
@@ -262,6 +276,25 @@ class Settings:
         if settings.dashboard_url is not None and not str(settings.dashboard_url).startswith("/"):
             raise ValueError("QUOTA_DASHBOARD_URL must be a path starting with '/', e.g. '/quota'")
         return settings
+
+
+def _calendar(get: dict[str, Any]) -> Calendar:
+    """QUOTA_TIMEZONE and QUOTA_BILLING_DAY (an int, or digits from the environment)."""
+    zone, day = get["QUOTA_TIMEZONE"], get["QUOTA_BILLING_DAY"]
+    text = day.strip() if isinstance(day, str) else None
+    if text is not None and text.isascii() and text.isdigit() and len(text) <= 2:
+        day = int(text)
+    if isinstance(day, bool) or not isinstance(day, int) or not 1 <= day <= 31:
+        raise ValueError(
+            f"QUOTA_BILLING_DAY={day!r} must be a day of the month from 1 to 31 "
+            "(29-31 mean the month's last day in shorter months)"
+        )
+    if not isinstance(zone, str) or not zone.strip():
+        raise ValueError(f"QUOTA_TIMEZONE must be an IANA time zone such as 'UTC', got {zone!r}")
+    try:
+        return Calendar(zone.strip(), day)
+    except ValueError as exc:
+        raise ValueError(f"QUOTA_TIMEZONE: {exc}") from None
 
 
 def _text(get: dict[str, Any], key: str) -> str:
@@ -356,12 +389,20 @@ def _block_after(get: dict[str, Any], key: str) -> Rate | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "off")):
         return None
     try:
-        return parse_rate(value)
+        rate = parse_rate(value)
     except ValueError:
         raise ValueError(
             f"{key}={value!r} is not a rate; use e.g. '20/minute' (a caller denied more often "
             f"is blocked for QUOTA_BLOCK_FOR seconds) or None to never block; rates: {ACCEPTED}"
         ) from None
+    if rate.calendar is not None:
+        # Denials are counted in a rolling window; a calendar month would forgive them all
+        # at once at its end.
+        raise ValueError(
+            f"{key}={value!r}: denials are counted over seconds to days, not a calendar "
+            f"{rate.calendar}; use e.g. '20/minute' or '500/day'"
+        )
+    return rate
 
 
 def _whole_seconds(get: dict[str, Any], key: str) -> int:

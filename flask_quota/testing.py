@@ -23,7 +23,7 @@ from flask import Flask
 
 from .core.clock import US
 from .state import get_state
-from .storage import MemoryStorage, Storage, StorageError
+from .storage import MemoryStorage, Storage
 from .storage.url import parse_storage_url
 
 __all__ = [
@@ -115,22 +115,11 @@ def reset_all(app: Flask) -> None:
     if isinstance(storage, MemoryStorage):
         storage.close()
         return
-    pattern = state.settings.key_prefix + ":*"
-    client = getattr(storage, "client", None)
-    if client is None and hasattr(storage, "_connected"):
-        client = storage._connected()[0]  # the cluster client; scan_iter covers every node
-    if client is None:
+    if not hasattr(storage, "keys"):
         raise TypeError(f"reset_all() does not know the {storage.name} backend")
-    try:
-        keys = list(client.scan_iter(match=pattern, count=1000))
-        for start in range(0, len(keys), 500):
-            storage.clear(
-                [k.decode() if isinstance(k, bytes) else k for k in keys[start : start + 500]]
-            )
-    except StorageError:
-        raise
-    except Exception as exc:  # the client's own errors, as every backend reports them
-        raise StorageError(f"{storage.name}: {exc}") from exc
+    keys = storage.keys(state.settings.key_prefix + ":*")  # raises StorageError when down
+    for start in range(0, len(keys), 500):
+        storage.clear(keys[start : start + 500])
 
 
 def assert_limited(

@@ -224,3 +224,17 @@ def test_every_config_key_is_documented_and_listed_by_init_app() -> None:
     doc = Quota.init_app.__doc__ or ""
     for key, _, meaning in reference():
         assert f"``{key}``" in doc and meaning
+
+
+def test_the_dashboard_imports_no_redis() -> None:
+    """Storage failures reach the dashboard as ``StorageError`` only (the usage sink
+    included), so it imports neither ``redis`` nor ``redis.exceptions``."""
+    for path in sorted((PACKAGE.parent / "dashboard").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            assert all(n.partition(".")[0] != "redis" for n in names), f"{path.name}: {names}"

@@ -13,7 +13,7 @@ from flask import Flask, request
 
 from flask_quota import Identity, Quota
 from flask_quota.core.algorithms import Outcome
-from flask_quota.core.errors import CallerBlocked
+from flask_quota.core.errors import PROBLEM_TYPE, CallerBlocked, QuotaExceeded
 from flask_quota.core.policy import Decision
 from flask_quota.sql.admin import QuotaAdmin
 from flask_quota.storage import StorageError
@@ -157,6 +157,44 @@ def blocked(seconds: int, **who: Any) -> CallerBlocked:
     now = 1_000_000_000_000
     outcome = Outcome(False, 0, 0, now + seconds * 1_000_000, seconds * 1_000_000)
     return CallerBlocked(Decision("free", (), now), outcome, **who)
+
+
+def test_a_block_is_a_quota_exceeded_built_by_its_constructor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``CallerBlocked`` is made by ``QuotaExceeded.__init__`` (the one place a 429's
+    attributes are set), and its body and headers stay what callers are told."""
+    made = []
+    build = QuotaExceeded.__init__
+
+    def spy(self: QuotaExceeded, *args: Any, **kwargs: Any) -> None:
+        made.append(type(self))
+        build(self, *args, **kwargs)
+
+    monkeypatch.setattr(QuotaExceeded, "__init__", spy)
+    exc = blocked(30, by="auto")
+    assert made == [CallerBlocked]
+    assert exc.problem() == {
+        "type": PROBLEM_TYPE,
+        "title": "Too Many Requests",
+        "status": 429,
+        "detail": "Blocked for 30 more s after too many denied requests.",
+        "violated-policies": ["blocked"],
+        "tier": "blocked",
+        "resource": None,
+        "plan": "free",
+        "limit": 0,
+        "window": 30,
+        "remaining": 0,
+        "retry_after": 30,
+        "reset": 1_000_030,
+        "upgrade": None,
+    }
+    assert exc.get_headers() == [
+        ("Content-Type", "application/problem+json"),
+        ("Retry-After", "30"),
+    ]
+    assert exc.code == 429 and exc.policy == "blocked"
 
 
 def test_an_operator_block_says_so_and_shows_only_a_public_reason(memory_app: Flask) -> None:

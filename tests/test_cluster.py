@@ -205,7 +205,6 @@ def test_a_denied_request_is_charged_nowhere(
         assert not verdict.allowed
         assert verdict.outcomes[checks.index(glob)].allowed  # global allowed, then refunded
         assert _raw(flushed, glob.key) == before
-        assert storage.refund_failures == 0
     finally:
         storage.close()
 
@@ -506,7 +505,6 @@ def test_a_shadow_denial_in_one_slot_is_no_denial(flushed: Cluster) -> None:
         assert [v.outcomes[1].allowed for v in verdicts] == [True, False, False]
         assert _raw(flushed, glob.key).endswith(b":3")  # every request charged globally
         assert _raw(flushed, user.key).endswith(b":1")  # the shadow check only while it allowed
-        assert storage.refund_failures == 0
     finally:
         storage.close()
 

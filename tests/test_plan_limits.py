@@ -14,15 +14,15 @@ from flask import Flask
 from flask_quota import Quota, signals
 from flask_quota.core.algorithms import Algorithm
 from flask_quota.core.clock import US
-from flask_quota.core.plans import LimitMode, catalog_from_config, plans_config
+from flask_quota.core.plans import Limit, LimitMode, Plan, catalog_from_config, plans_config
 from flask_quota.core.policy import Decision
-from flask_quota.core.rates import parse_rate
+from flask_quota.core.rates import parse_rate, parse_rates
 from flask_quota.core.tiers import Tier
 from flask_quota.dashboard.data import tier_totals
 from flask_quota.storage import Check, Storage
 from flask_quota.storage.denycache import DenyCache
+from flask_quota.storage.usage import SHADOW_DENIED
 from flask_quota.testing import FrozenClock, MemoryStorage, test_storage
-from flask_quota.tools.usage import SHADOW_DENIED
 from tests.servers import RedisServer
 
 PLANS = {"free": {"user": "100/minute", "resources": {"ai_inference": "50/minute"}}}
@@ -102,6 +102,37 @@ def test_plans_accept_a_dict_per_limit() -> None:
     assert plan.mode_for(Tier.ENDPOINT, "search") == LimitMode(Algorithm.FIXED_WINDOW, False)
     assert plan.mode_for(Tier.GLOBAL) == LimitMode()
     assert plans_config([plan])["free"]["user"] == {"rate": "10/second, 1000/day", "shadow": True}
+
+
+def test_a_plan_is_its_limits_keyed_by_tier_and_resource() -> None:
+    """``Plan.limits()`` lists every limit (rates and mode) by tier and resource, and
+    ``Plan.of`` builds the same plan back from them: one shape both ways, which
+    ``QUOTA_PLANS`` parsing and ``plans export`` go through too."""
+    config = {
+        "free": {
+            "global": "50/second",
+            "user": {"rate": "10/second, 1000/day", "shadow": True},
+            "resources": {
+                "search": {"rate": "5/minute", "algorithm": "fixed_window"},
+                "pdf": "2/minute",
+            },
+            "description": "Free tier",
+            "upgrade": "Ask sales",
+        }
+    }
+    plan = catalog_from_config(config, upgrade_url="/pricing")["free"]
+    assert [(x.tier, x.resource, str(x.rates), x.mode) for x in plan.limits()] == [
+        (Tier.GLOBAL, "", "50/second", LimitMode()),
+        (Tier.USER, "", "10/second, 1000/day", LimitMode(None, True)),
+        (Tier.ENDPOINT, "search", "5/minute", LimitMode(Algorithm.FIXED_WINDOW, False)),
+        (Tier.ENDPOINT, "pdf", "2/minute", LimitMode()),
+    ]
+    again = Plan.of("free", plan.limits(), description="Free tier", upgrade="Ask sales")
+    assert again == plan
+    assert plans_config([again]) == config
+    later = Limit(Tier.USER, "", parse_rates("1/second"))  # a later limit for a key wins
+    changed = Plan.of("free", [*plan.limits(), later])
+    assert str(changed.user_rate) == "1/second" and changed.mode_for(Tier.USER) == LimitMode()
 
 
 @pytest.mark.parametrize(

@@ -23,17 +23,10 @@ from flask_quota.storage.cluster import ClusterStorage
 from flask_quota.storage.denycache import DenyCache
 from flask_quota.storage.failover import GuardedStorage
 from flask_quota.storage.redis import RedisStorage
+from flask_quota.storage.redis_usage import RedisUsageSink
+from flask_quota.storage.usage import HOUR, REQUESTS, TOP_KEPT, MemoryUsageSink, UsageSink
 from flask_quota.testing import FrozenClock
-from flask_quota.tools.usage import (
-    HOUR,
-    REQUESTS,
-    TOP_KEPT,
-    MemoryUsageSink,
-    RedisUsageSink,
-    UsageRecorder,
-    UsageSink,
-    usage_sink,
-)
+from flask_quota.tools.usage import UsageRecorder, usage_sink
 from tests.servers import RedisServer
 from tests.test_redis import CountingConnection, counting_client
 
@@ -154,15 +147,20 @@ def test_an_unreachable_cluster_costs_a_log_line(caplog: pytest.LogCaptureFixtur
     assert "usage flush failed" in caplog.text
 
 
-def test_pending_counts_are_bounded() -> None:
-    """When the sink cannot keep up, the recorder drops counts instead of growing."""
+def test_pending_counts_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    """When the sink cannot keep up, the recorder drops counts instead of growing, and
+    the next flush logs how many requests went unrecorded."""
     recorder = UsageRecorder(MemoryUsageSink(), max_pending=10)
     recorder._thread_pid = -1  # keep the flusher off; nothing drains
     recorder._start = lambda: None  # type: ignore[method-assign]
     for i in range(100):
         recorder.record(f"id={i}", "free", [("user", True)])
-    assert len(recorder._pending) == 10
-    assert recorder._dropped == 95  # each request adds two counts: its tier and the request
+    assert len(recorder._pending) == 10  # each request adds two counts: its tier and the request
+    recorder.flush()
+    assert "95 requests not recorded for the dashboard" in caplog.text
+    caplog.clear()
+    recorder.flush()
+    assert "not recorded" not in caplog.text  # said once, not every second
 
 
 def test_failing_sink_does_not_raise() -> None:
@@ -250,7 +248,7 @@ def traced() -> Iterator[Callable[[], int]]:
             # Only what usage code (and this test's strings it keeps) holds: threads
             # left running by other tests in the same process allocate too.
             ours = [
-                tracemalloc.Filter(True, "*/flask_quota/tools/usage.py"),
+                tracemalloc.Filter(True, "*/flask_quota/storage/usage.py"),
                 tracemalloc.Filter(True, "*/flask_quota/core/keys.py"),  # the tags usage keeps
                 tracemalloc.Filter(True, __file__),
             ]

@@ -17,7 +17,7 @@ from typing import Any
 from .algorithms import Algorithm, counter_counts, counter_reset
 from .rates import Rate
 
-__all__ = ["CHARGES", "REFUNDS", "Change"]
+__all__ = ["CHARGES", "REFUNDS", "Change", "charge_window", "refund_window"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,12 @@ def refund_fixed(
     state: tuple[int, int] | None, now: int, rate: Rate, cost: int, charged_at: int
 ) -> Change | None:
     window = rate.window_us
-    if state is None or state[0] != charged_at - charged_at % window:
+    return refund_window(state, cost, charged_at - charged_at % window)
+
+
+def refund_window(state: tuple[int, int] | None, cost: int, start: int) -> Change | None:
+    """A fixed window's refund of a charge made in the window starting at ``start``."""
+    if state is None or state[0] != start:
         return None  # that window is over
     count = max(0, state[1] - cost)
     return Change((state[0], count) if count else None, None)
@@ -94,8 +99,15 @@ def charge_bucket(tat: int | None, now: int, rate: Rate, cost: int) -> Change:
 def charge_fixed(state: tuple[int, int] | None, now: int, rate: Rate, cost: int) -> Change:
     window = rate.window_us
     start = now - now % window
+    return charge_window(state, now, cost, start, start + window)
+
+
+def charge_window(
+    state: tuple[int, int] | None, now: int, cost: int, start: int, end: int
+) -> Change:
+    """A fixed window ``[start, end)``'s forced charge (epoch-aligned or calendar)."""
     count = state[1] if state is not None and state[0] == start else 0
-    return Change((start, count + cost), start + window - now)
+    return Change((start, count + cost), end - now)
 
 
 def charge_log(log: tuple[int, ...] | None, now: int, rate: Rate, cost: int) -> Change:

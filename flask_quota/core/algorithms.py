@@ -36,6 +36,7 @@ __all__ = [
     "sliding_window_log",
     "token_bucket",
     "unfit",
+    "window_step",
 ]
 
 
@@ -123,6 +124,8 @@ def unfit(algorithm: Algorithm, rate: Rate) -> str | None:
     The one rule where a rate and an algorithm meet: only a sliding log has one, a
     limit of at most ``MAX_LOG_LIMIT``.
     """
+    if rate.calendar is not None:
+        return None  # always counted as a calendar window, whatever the algorithm
     if algorithm is Algorithm.SLIDING_WINDOW_LOG and rate.limit > MAX_LOG_LIMIT:
         return (
             f"{rate} is too large for sliding_window_log, which keeps one entry per unit "
@@ -158,16 +161,23 @@ def fixed_window(state: tuple[int, int] | None, now: int, rate: Rate, cost: int)
     """Counter per window aligned to the epoch; the state is ``(window_start, count)``."""
     window = rate.window_us
     start = now - now % window
+    return window_step(state, now, rate.limit, start, start + window, cost)
+
+
+def window_step(
+    state: tuple[int, int] | None, now: int, limit: int, start: int, end: int, cost: int
+) -> Step:
+    """A fixed window ``[start, end)``'s decision: the epoch-aligned one above, or a
+    calendar month or year (``calendar.Calendar``), whose length varies."""
     count = state[1] if state is not None and state[0] == start else 0
-    end = start + window
-    if count + cost <= rate.limit:
+    if count + cost <= limit:
         used = count + cost
         reset = end if used > 0 else now
-        return Step(True, rate.limit, rate.limit - used, reset, 0, (start, used), reset - now)
+        return Step(True, limit, limit - used, reset, 0, (start, used), reset - now)
     reset = end if count > 0 else now
     # A cost above the limit never fits; say "one window" rather than "never".
-    retry = end - now if cost <= rate.limit else window
-    return Step(False, rate.limit, rate.limit - count, reset, retry, state, 0)
+    retry = end - now if cost <= limit else end - start
+    return Step(False, limit, limit - count, reset, retry, state, 0)
 
 
 def sliding_window_log(log: tuple[int, ...] | None, now: int, rate: Rate, cost: int) -> Step:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .algorithms import Algorithm, Gate, Outcome
+from .calendar import Calendar
 from .rates import Rate
 from .reply import Reply
 
@@ -25,6 +26,9 @@ class Check:
     rate: Rate
     cost: int
     shadow: bool = False
+    calendar: Calendar | None = None
+    """Set for a calendar rate (``N/month``): the zone and billing day its window follows;
+    the algorithm is then ``FIXED_WINDOW``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,6 @@ def shown_limit(check: Check) -> int:
 def keyed(checks: Sequence[Check], keys: Sequence[str]) -> list[Check]:
     """``checks`` with ``keys`` (in the same order) in place of their own keys."""
     return [
-        Check(key, c.algorithm, c.rate, c.cost, c.shadow)
+        Check(key, c.algorithm, c.rate, c.cost, c.shadow, c.calendar)
         for c, key in zip(checks, keys, strict=True)
     ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from werkzeug.exceptions import HTTPException, ServiceUnavailable, TooManyRequests, Unauthorized
 
@@ -55,6 +55,20 @@ class _Problem(HTTPException):
         return [("Content-Type", "application/problem+json"), *self.extra_headers()]
 
 
+class _Denial(NamedTuple):
+    """What a 429 says: its ``detail`` and the attributes ``QuotaExceeded`` carries."""
+
+    detail: str
+    tier: str
+    policy: str
+    resource: str | None
+    limit: int
+    window: int
+    remaining: int
+    retry_after: int
+    reset: int
+
+
 class QuotaExceeded(_Problem, TooManyRequests):
     """A tier denied the request. Subclasses ``TooManyRequests``, so
     ``@app.errorhandler(QuotaExceeded)`` (or 429) can replace the response.
@@ -66,6 +80,23 @@ class QuotaExceeded(_Problem, TooManyRequests):
     """
 
     def __init__(self, decision: Decision, *, upgrade: str | None = None, cost: int = 1) -> None:
+        denial = self._denial(decision, cost)
+        super().__init__(denial.detail)
+        # Set after super().__init__, which would reset ``retry_after``.
+        self.decision = decision
+        self.tier: str = denial.tier  # a Tier, or "blocked" (CallerBlocked)
+        self.policy = denial.policy
+        self.resource = denial.resource
+        self.plan = decision.plan
+        self.limit = denial.limit
+        self.window = denial.window
+        self.remaining = denial.remaining
+        self.retry_after = denial.retry_after
+        self.reset = denial.reset
+        self.upgrade = upgrade
+
+    def _denial(self, decision: Decision, cost: int) -> _Denial:
+        """What denied, as the attributes and the body show it: the denying tier."""
         denied = decision.denied
         if denied is None:
             raise ValueError("QuotaExceeded needs a decision in which a tier denied")
@@ -79,23 +110,22 @@ class QuotaExceeded(_Problem, TooManyRequests):
                 f"{outcome.limit}; it can never pass."
             )
         else:
+            # A calendar window's nominal length would mislead: name its unit.
+            period = denied.rate.calendar or f"{window} s"
             detail = (
-                f"{what} exceeded: {outcome.limit} requests per {window} s "
-                f"on plan {decision.plan!r}."
+                f"{what} exceeded: {outcome.limit} requests per {period} on plan {decision.plan!r}."
             )
-        super().__init__(detail)
-        # Set after super().__init__, which would reset ``retry_after``.
-        self.decision = decision
-        self.tier: str = denied.tier  # a Tier, or "blocked" (CallerBlocked)
-        self.policy = denied.name
-        self.resource = denied.resource
-        self.plan = decision.plan
-        self.limit = outcome.limit
-        self.window = window
-        self.remaining = max(0, outcome.remaining)  # a charge after the fact may owe more
-        self.retry_after = retry_after_seconds(decision)
-        self.reset = ceil_seconds(outcome.reset_us)
-        self.upgrade = upgrade
+        return _Denial(
+            detail=detail,
+            tier=denied.tier,
+            policy=denied.name,
+            resource=denied.resource,
+            limit=outcome.limit,
+            window=window,
+            remaining=max(0, outcome.remaining),  # a charge after the fact may owe more
+            retry_after=retry_after_seconds(decision),
+            reset=ceil_seconds(outcome.reset_us),
+        )
 
     def problem(self) -> dict[str, Any]:
         """The 429 problem body: RFC 9457 fields plus the denying tier, its limit and the wait."""
@@ -146,20 +176,24 @@ class CallerBlocked(QuotaExceeded):
         by: str | None = None,
         reason: str | None = None,
     ) -> None:
+        self._block = (block, by, reason)  # read by _denial, which __init__ below calls
+        super().__init__(decision)
+
+    def _denial(self, decision: Decision, cost: int) -> _Denial:
+        """No tier denied, the block did: its rest is the wait and the window."""
+        block, by, reason = self._block
         retry_after = max(1, decision.seconds_until(decision.now_us + block.retry_after_us))
-        # Not QuotaExceeded.__init__: no tier denied, the block did.
-        TooManyRequests.__init__(self, _blocked_detail(retry_after, by, reason))
-        self.decision = decision
-        self.tier = "blocked"
-        self.policy = "blocked"
-        self.resource = None
-        self.plan = decision.plan
-        self.limit = 0
-        self.window = retry_after
-        self.remaining = 0
-        self.retry_after = retry_after
-        self.reset = ceil_seconds(block.reset_us)
-        self.upgrade = None
+        return _Denial(
+            detail=_blocked_detail(retry_after, by, reason),
+            tier="blocked",
+            policy="blocked",
+            resource=None,
+            limit=0,
+            window=retry_after,
+            remaining=0,
+            retry_after=retry_after,
+            reset=ceil_seconds(block.reset_us),
+        )
 
     def problem(self) -> dict[str, Any]:
         return {**super().problem(), "violated-policies": ["blocked"]}

@@ -15,6 +15,7 @@ from .tiers import Tier
 __all__ = [
     "DEFAULT_PLANS",
     "ENFORCED",
+    "Limit",
     "LimitMode",
     "Plan",
     "PlanCatalog",
@@ -39,6 +40,18 @@ class LimitMode:
 
 
 ENFORCED = LimitMode()
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One limit of a plan, the one shape every plan is read and built in: its tier,
+    its resource (``""`` for global and user, which cover every resource), its rates
+    and how they apply."""
+
+    tier: Tier
+    resource: str
+    rates: Rates
+    mode: LimitMode = ENFORCED
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,55 @@ class Plan:
         # Pickled and deep-copied through plain dicts: a mappingproxy is neither.
         values = (getattr(self, f.name) for f in fields(self))
         return (Plan, tuple(dict(v) if isinstance(v, MappingProxyType) else v for v in values))
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        limits: Iterable[Limit],
+        *,
+        description: str = "",
+        upgrade: str | None = None,
+    ) -> Plan:
+        """The plan of ``limits``, keyed by tier and resource (a later one for the same
+        key wins): the inverse of ``limits()``."""
+        rates: dict[tuple[str, str], Rates] = {}
+        modes: dict[tuple[str, str], LimitMode] = {}
+        for limit in limits:
+            key = (limit.tier.value, limit.resource if limit.tier is Tier.ENDPOINT else "")
+            rates[key] = limit.rates
+            modes.pop(key, None)
+            if not limit.mode.default:
+                modes[key] = limit.mode
+        endpoint = Tier.ENDPOINT.value
+        return cls(
+            name,
+            rates.get((Tier.GLOBAL.value, "")),
+            rates.get((Tier.USER.value, "")),
+            {resource: r for (tier, resource), r in rates.items() if tier == endpoint},
+            description,
+            upgrade,
+            modes,
+            rates.get((Tier.TENANT.value, "")),
+        )
+
+    def limits(self) -> tuple[Limit, ...]:
+        """Every limit of the plan with its mode: global, tenant, user, then each resource."""
+        tiers = (
+            (Tier.GLOBAL, self.global_rate),
+            (Tier.TENANT, self.tenant_rate),
+            (Tier.USER, self.user_rate),
+        )
+        found = [
+            Limit(tier, "", rates, self.mode_for(tier))
+            for tier, rates in tiers
+            if rates is not None
+        ]
+        found += [
+            Limit(Tier.ENDPOINT, resource, rates, self.mode_for(Tier.ENDPOINT, resource))
+            for resource, rates in self.resources.items()
+        ]
+        return tuple(found)
 
     def rate_for(self, tier: Tier, resource: str | None = None) -> Rates | None:
         if tier is Tier.GLOBAL:
@@ -210,8 +272,6 @@ def catalog_from_config(
         unknown = set(spec) - {"global", "tenant", "user", "resources", "description", "upgrade"}
         if unknown:
             raise ValueError(f"{where} has unknown fields {sorted(unknown)}")
-        modes: dict[tuple[str, str], LimitMode] = {}
-        rates: dict[tuple[str, str], Rates] = {}
         raw_resources = spec.get("resources", {})
         if not isinstance(raw_resources, Mapping):
             raise ValueError(f"{where}['resources'] must be a dict of resource -> rate")
@@ -221,27 +281,22 @@ def catalog_from_config(
             (Tier.USER, "", spec.get("user")),
         ]
         entries += [(Tier.ENDPOINT, str(k), v) for k, v in raw_resources.items()]
+        limits = []
         for tier, resource, value in entries:
             if not value:
                 continue
             field_name = f"['resources'][{resource!r}]" if resource else f"[{tier.value!r}]"
-            limit, mode = _limit_entry(value, where + field_name)
+            rates, mode = _limit_entry(value, where + field_name)
             if mode.algorithm is None and algorithm is not None:
-                check_fit(limit, algorithm, where + field_name, default=True)
-            rates[(tier.value, resource)] = limit
-            if not mode.default:
-                modes[(tier.value, resource)] = mode
+                check_fit(rates, algorithm, where + field_name, default=True)
+            limits.append(Limit(tier, resource, rates, mode))
         try:
             plans.append(
-                Plan(
+                Plan.of(
                     name,
-                    rates.get((Tier.GLOBAL.value, "")),
-                    rates.get((Tier.USER.value, "")),
-                    {r: x for (t, r), x in rates.items() if t == Tier.ENDPOINT.value},
-                    str(spec.get("description", "")),
-                    spec.get("upgrade"),
-                    modes,
-                    rates.get((Tier.TENANT.value, "")),
+                    limits,
+                    description=str(spec.get("description", "")),
+                    upgrade=spec.get("upgrade"),
                 )
             )
         except (ValueError, TypeError) as exc:
@@ -299,17 +354,12 @@ def _entry(rates: Rates, mode: LimitMode) -> Any:
 def plan_config(plan: Plan) -> dict[str, Any]:
     """One plan in the ``QUOTA_PLANS`` shape (what ``plans export`` writes)."""
     spec: dict[str, Any] = {}
-    if plan.global_rate is not None:
-        spec["global"] = _entry(plan.global_rate, plan.mode_for(Tier.GLOBAL))
-    if plan.tenant_rate is not None:
-        spec["tenant"] = _entry(plan.tenant_rate, plan.mode_for(Tier.TENANT))
-    if plan.user_rate is not None:
-        spec["user"] = _entry(plan.user_rate, plan.mode_for(Tier.USER))
-    if plan.resources:
-        spec["resources"] = {
-            resource: _entry(rates, plan.mode_for(Tier.ENDPOINT, resource))
-            for resource, rates in plan.resources.items()
-        }
+    for limit in plan.limits():
+        entry = _entry(limit.rates, limit.mode)
+        if limit.tier is Tier.ENDPOINT:
+            spec.setdefault("resources", {})[limit.resource] = entry
+        else:
+            spec[limit.tier.value] = entry
     if plan.description:
         spec["description"] = plan.description
     if plan.upgrade is not None:

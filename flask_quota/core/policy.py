@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .algorithms import Algorithm, Gate, Outcome, bucket_ceiling, unfit
+from .calendar import Calendar
 from .checks import Check, Verdict
 from .clock import seconds_until
 from .keys import KeyBuilder, Tag
@@ -192,7 +193,8 @@ class Decision:
             o = denied.outcome
             retry = max(1, self.seconds_until(self.now_us + o.retry_after_us))
             return (
-                f"denied by {_label(denied)}: {o.limit} per {denied.rate.policy_window} s "
+                f"denied by {_label(denied)}: {o.limit} per "
+                f"{denied.rate.calendar or f'{denied.rate.policy_window} s'} "
                 f"on plan {self.plan!r}, retry in {retry} s"
             )
         text = f"allowed on plan {self.plan!r}"
@@ -230,10 +232,19 @@ def policy_name(name: str, rates: Rates, index: int) -> str:
 class Policy:
     """Turns (plan, caller, endpoint) into storage checks; no Flask here."""
 
-    def __init__(self, keys: KeyBuilder, algorithm: Algorithm, *, shadow: bool = False) -> None:
+    def __init__(
+        self,
+        keys: KeyBuilder,
+        algorithm: Algorithm,
+        *,
+        shadow: bool = False,
+        calendar: Calendar | None = None,
+    ) -> None:
         self.keys = keys
         self.algorithm = algorithm  # QUOTA_ALGORITHM: a limit without its own algorithm
         self.shadow = shadow  # QUOTA_SHADOW: every tier is a shadow tier
+        # QUOTA_TIMEZONE and QUOTA_BILLING_DAY: where N/month and N/year windows start.
+        self.calendar = calendar or Calendar()
         self._told: set[tuple[Rates, Algorithm]] = set()  # unfit limits already logged
 
     def _algorithm(self, mode: LimitMode, rates: Rates, name: str) -> Algorithm:
@@ -288,7 +299,9 @@ class Policy:
     def endpoint_checks(self, checks: list[TierCheck], cost: int) -> list[Check]:
         """The endpoint tier's checks among ``checks``, each weighing ``cost``."""
         return [
-            Check(c.check.key, c.check.algorithm, c.check.rate, cost, c.check.shadow)
+            Check(
+                c.check.key, c.check.algorithm, c.check.rate, cost, c.check.shadow, c.check.calendar
+            )
             for c in checks
             if c.tier is Tier.ENDPOINT
         ]
@@ -340,7 +353,7 @@ class Policy:
             algorithm = self._algorithm(mode, rates, "global")
             key = self.keys.global_key(ip_tag, algorithm)
             if len(rates) == 1 and mode is ENFORCED:  # the common case, without the loop
-                check = Check(key, algorithm, rates[0], cost, self.shadow)
+                check = self._check(key, algorithm, rates[0], cost, self.shadow)
                 checks.append(TierCheck(Tier.GLOBAL, "global", check))
             else:
                 self._each_rate(
@@ -354,7 +367,7 @@ class Policy:
             algorithm = self._algorithm(mode, rates, "user")
             key = self.keys.user_key(tag, algorithm)
             if len(rates) == 1 and mode is ENFORCED:
-                check = Check(key, algorithm, rates[0], cost, self.shadow)
+                check = self._check(key, algorithm, rates[0], cost, self.shadow)
                 checks.append(TierCheck(Tier.USER, "user", check))
             else:
                 self._each_rate(checks, Tier.USER, "user", key, rates, cost, None, mode, algorithm)
@@ -398,5 +411,12 @@ class Policy:
         shadow = mode.shadow or self.shadow
         for i, rate in enumerate(rates):
             rate_key = key if i == 0 else f"{key}@{rate.window}"
-            check = Check(rate_key, algorithm, rate, cost, shadow)
+            check = self._check(rate_key, algorithm, rate, cost, shadow)
             checks.append(TierCheck(tier, policy_name(name, rates, i), check, resource))
+
+    def _check(self, key: str, algorithm: Algorithm, rate: Rate, cost: int, shadow: bool) -> Check:
+        """A rate's check: a calendar rate is a fixed window on the policy's calendar,
+        whatever the limit's algorithm (a month has no meaning to a token bucket)."""
+        if rate.calendar is None:
+            return Check(key, algorithm, rate, cost, shadow)
+        return Check(key, Algorithm.FIXED_WINDOW, rate, cost, shadow, self.calendar)

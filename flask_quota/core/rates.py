@@ -1,10 +1,12 @@
-"""Rate strings: ``"100/minute"``, ``"100 per minute"``, ``"10/second; burst=100"``."""
+"""Rate strings: ``"100/minute"``, ``"100 per minute"``, ``"10/second; burst=100"``,
+``"1000/month"`` (a calendar window, see ``calendar.py``)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
+from .calendar import MONTH, UNITS, YEAR
 from .clock import US
 
 __all__ = ["MAX_LIMIT", "MAX_RATES", "MAX_WINDOW", "Rate", "Rates", "parse_rate", "parse_rates"]
@@ -20,13 +22,21 @@ MAX_LIMIT = 10**12
 """The largest limit and the largest burst."""
 _CAPS = f"windows and refills up to 366 days ({MAX_WINDOW} s), limits and bursts up to {MAX_LIMIT}"
 
+# A calendar window's nominal length, in seconds: its longest (31 days, 366 days). It is
+# what ``RateLimit-Policy``'s ``w`` says and what the caps check; the counting itself
+# follows the calendar (``calendar.Calendar``).
+CALENDAR_WINDOWS = {MONTH: 31 * 86400, YEAR: 366 * 86400}
+
 _UNITS = {
     "s": 1, "sec": 1, "second": 1,
     "m": 60, "min": 60, "minute": 60,
     "h": 3600, "hr": 3600, "hour": 3600,
     "d": 86400, "day": 86400,
+    "month": CALENDAR_WINDOWS[MONTH], "year": CALENDAR_WINDOWS[YEAR],
 }  # fmt: skip
 _UNIT_NAMES = {1: "second", 60: "minute", 3600: "hour", 86400: "day"}
+# A calendar unit's seconds, which no other unit has, name it ("31 days" is not "month").
+_CALENDAR_UNIT = {seconds: unit for unit, seconds in CALENDAR_WINDOWS.items()}
 
 _RATE_RE = re.compile(
     r"""^\s*(?P<limit>\d{1,18})\s*(?:/|\s+per\s+)\s*
@@ -37,7 +47,7 @@ _RATE_RE = re.compile(
 
 ACCEPTED = (
     "'N/second', 'N per minute', 'N/hour', 'N/day', 'N/5 minutes', "
-    "optionally followed by '; burst=B' (N and B positive integers)"
+    "optionally followed by '; burst=B', or 'N/month', 'N/year' (N and B positive integers)"
 )
 MAX_RATES = 4  # rates on one limit, e.g. a burst guard, a minute, an hour and a day
 _MAX_TEXT = 100  # characters of a limit's text, all rates (the SQL column's width)
@@ -50,6 +60,8 @@ class Rate:
     limit: int
     window: int
     burst: int | None = None
+    calendar: str | None = None
+    """``"month"`` or ``"year"``: a fixed window on the calendar (``window`` is nominal)."""
     # Derived, kept as fields: the algorithms read them on every decision, and a
     # slot is read in C where a property runs Python code.
     window_us: int = field(init=False, repr=False, compare=False)
@@ -71,6 +83,15 @@ class Rate:
                 f"window {self.window} s{burst}"
             )
         object.__setattr__(self, "interval_us", self.window_us // self.limit)
+        if self.calendar is not None:
+            if CALENDAR_WINDOWS.get(self.calendar) != self.window:
+                raise ValueError(f"a calendar rate is per {' or per '.join(UNITS)}")
+            if self.burst is not None:
+                # A burst shapes a token bucket; a calendar window is always a fixed window.
+                raise ValueError(
+                    f"a calendar rate ({self.limit}/{self.calendar}) takes no burst: it is "
+                    "counted as a fixed window on the calendar"
+                )
         if self.window > MAX_WINDOW:
             raise ValueError(f"rate {self!s} has a window longer than 366 days; allowed: {_CAPS}")
         if self.limit > MAX_LIMIT or (self.burst is not None and self.burst > MAX_LIMIT):
@@ -93,6 +114,8 @@ class Rate:
 
     def _period(self) -> str:
         """``minute``, ``5 minutes``, ``278 hours``: the largest unit that divides the window."""
+        if self.calendar is not None:
+            return self.calendar
         for seconds in (86400, 3600, 60, 1):
             if self.window % seconds == 0:
                 count, unit = self.window // seconds, _UNIT_NAMES[seconds]
@@ -127,8 +150,14 @@ def parse_rate(text: str | Rate) -> Rate:
         raise ValueError(f"malformed rate {text[:100]!r}: expected {ACCEPTED}{_comma_hint(text)}")
     mult = int(match.group("mult") or 1)
     burst = match.group("burst")
+    calendar = _CALENDAR_UNIT.get(unit)
+    if calendar is not None and match.group("mult"):
+        raise ValueError(
+            f"invalid rate {text!r}: a calendar window is one {calendar}, not several; "
+            f"expected {ACCEPTED}"
+        )
     try:
-        return Rate(int(match.group("limit")), mult * unit, int(burst) if burst else None)
+        return Rate(int(match.group("limit")), mult * unit, int(burst) if burst else None, calendar)
     except ValueError as exc:
         raise ValueError(f"invalid rate {text!r}: {exc}; expected {ACCEPTED}") from None
 

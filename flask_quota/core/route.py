@@ -13,6 +13,7 @@ tier, metrics, ``quota.current_decision()``, the dashboard's usage).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from .algorithms import Outcome
 from .checks import Check, keyed, shown_limit
@@ -53,8 +54,9 @@ class Route:
     encoding by identity. ``costing()`` derives the route of another cost.
     """
 
-    __slots__ = ("calls", "enforced", "labels", "limit_texts", "limits", "lines", "names",
-                 "parts", "plan", "policy", "rooms", "shadow", "shown_among", "tiers")  # fmt: skip
+    __slots__ = ("billed", "calls", "enforced", "labels", "limit_texts", "limits", "lines",
+                 "names", "parts", "plan", "policy", "rooms", "shadow", "shown_among",
+                 "tiers")  # fmt: skip
 
     def __init__(
         self, plan: Plan, tiers: Sequence[TierCheck], gate: Check, near: float | None = None
@@ -63,6 +65,10 @@ class Route:
         self.tiers = tuple(tiers)
         self.calls: tuple[Check, ...] = (gate, *(t.check for t in tiers))
         self.parts = tuple(_split(c.key) for c in self.calls)
+        # billing day -> this route on it; None when no check follows the calendar.
+        self.billed: dict[int, Route] | None = (
+            {} if any(c.calendar is not None for c in self.calls) else None
+        )
         self.shadow = any(c.shadow for c in self.calls)  # then a shadow denial may need a signal
         # What the headers show, per tier; only enforced (non-shadow) tiers are shown.
         self.enforced = tuple(i for i, t in enumerate(tiers) if not t.check.shadow)
@@ -87,15 +93,42 @@ class Route:
         for name in Route.__slots__:
             setattr(variant, name, getattr(self, name))
         variant.tiers = tuple(
-            TierCheck(t.tier, t.name, Check(c.key, c.algorithm, c.rate, cost, c.shadow), t.resource)
+            TierCheck(t.tier, t.name, Check(c.key, c.algorithm, c.rate, cost, c.shadow,
+                                            c.calendar), t.resource)
             if t.tier is Tier.ENDPOINT
             else t
             for t in self.tiers
             for c in (t.check,)
-        )
+        )  # fmt: skip
         variant.calls = (self.calls[0], *(t.check for t in variant.tiers))
         variant.lines = variant._lines()
+        variant.billed = None if self.billed is None else {}
         return variant
+
+    def on_billing_day(self, day: int) -> Route:
+        """This route with its calendar months starting on ``day`` (a client's own
+        billing day) instead of ``QUOTA_BILLING_DAY``; itself when no check follows the
+        calendar. Made once per day and kept, so its checks are a reused shape too."""
+        billed = self.billed
+        if billed is None:
+            return self
+        found = billed.get(day)
+        if found is None:
+            found = object.__new__(Route)
+            for name in Route.__slots__:
+                setattr(found, name, getattr(self, name))
+            found.tiers = tuple(
+                TierCheck(t.tier, t.name, replace(c, calendar=c.calendar.on_day(day)), t.resource)
+                if c.calendar is not None
+                else t
+                for t in self.tiers
+                for c in (t.check,)
+            )
+            found.calls = (self.calls[0], *(t.check for t in found.tiers))
+            found.billed = None  # already on its day
+            if len(billed) < 31:
+                billed[day] = found
+        return found
 
     def _lines(self) -> tuple[tuple[int, int, int], ...]:
         """``Reply.crossings``' (check, room, cost) per tier; empty when the line is off.

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Concatenate, ParamSpec, Protocol, TypeVar
+from typing import ParamSpec, Protocol, TypeVar
 
 # The values that cross the boundary are the core's; they are named here too, where
 # a backend's author looks for them.
@@ -34,9 +35,9 @@ __all__ = [
     "keyed",
     "shadow_flags",
     "shown_limit",
+    "storage_errors",
     "verdict_of",
     "wall_clock_us",
-    "wraps_errors",
 ]
 
 P = ParamSpec("P")
@@ -84,33 +85,42 @@ class StorageError(Exception):
     """The backend could not answer (down, slow, out of memory)."""
 
 
-class _Named(Protocol):
-    name: str
+C = TypeVar("C", bound=type)
 
 
-S = TypeVar("S", bound=_Named)
+def storage_errors(*errors: type[BaseException]) -> Callable[[C], C]:
+    """Declare what a backend's client raises when it cannot answer: every public
+    method of the decorated class then raises ``StorageError`` instead.
 
-
-def wraps_errors(
-    *errors: type[BaseException],
-) -> Callable[[Callable[Concatenate[S, P], R]], Callable[Concatenate[S, P], R]]:
-    """Decorate a backend method so ``errors`` surface as ``StorageError``.
-
-    The one place a backend's client errors are translated: the fail mode and
-    the circuit breaker only ever see ``StorageError``.
+    The one place client errors are translated, for every backend and usage sink:
+    the fail mode, the circuit breaker, the CLI and the dashboard only ever see
+    ``StorageError``. Methods are wrapped by what the class itself defines
+    (``vars``), so a subclass inherits wrapped methods and decorates its own; a
+    backend with no client (memory) declares none and keeps its methods as they are.
+    A class attribute ``name`` (the URL scheme) starts each message.
     """
 
-    def decorate(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
-        @functools.wraps(method)
-        def wrapper(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
-            try:
-                return method(self, *args, **kwargs)
-            except errors as exc:
-                raise StorageError(f"{self.name}: {exc}") from exc
-
-        return wrapper
+    def decorate(cls: C) -> C:
+        if errors:
+            for attr, value in list(vars(cls).items()):
+                if not attr.startswith("_") and inspect.isfunction(value):
+                    setattr(cls, attr, _translated(value, errors))
+        cls.storage_errors = errors  # type: ignore[attr-defined]  # read by the layout tests
+        return cls
 
     return decorate
+
+
+def _translated(method: Callable[P, R], errors: tuple[type[BaseException], ...]) -> Callable[P, R]:
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except errors as exc:
+            raise StorageError(f"{args[0].name}: {exc}") from exc  # type: ignore[attr-defined]
+
+    wrapper.storage_errors = errors  # type: ignore[attr-defined]  # read by the layout tests
+    return wrapper
 
 
 class Storage(Protocol):

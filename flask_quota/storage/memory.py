@@ -8,11 +8,30 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..core.adjust import CHARGES, REFUNDS, Change
-from ..core.algorithms import ALGORITHMS, Algorithm, Step, block_gate, bound_debt, charged_units
+from ..core.adjust import CHARGES, REFUNDS, Change, charge_window, refund_window
+from ..core.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    Step,
+    block_gate,
+    bound_debt,
+    charged_units,
+    window_step,
+)
+from ..core.calendar import Calendar
+from ..core.generations import Generations
 from ..core.rates import Rate
-from ..tools.usage import MemoryUsageSink, UsageSink
-from .base import BlockEntry, Check, Clock, Reply, Verdict, verdict_of, wall_clock_us
+from .base import (
+    BlockEntry,
+    Check,
+    Clock,
+    Reply,
+    Verdict,
+    storage_errors,
+    verdict_of,
+    wall_clock_us,
+)
+from .usage import MemoryUsageSink, UsageSink
 
 __all__ = ["MemoryStorage"]
 
@@ -20,8 +39,10 @@ __all__ = ["MemoryStorage"]
 _Shape = tuple[Callable[[Any, int, Rate, int], Step], Rate, int, bool]
 _SLOT_US = 1_000_000  # expiry is swept in one-second slots
 _COMPACT_MIN = 4096  # tables smaller than this are never rebuilt
+_SHAPES = 2048  # request shapes per generation of the shape cache
 
 
+@storage_errors()  # no client: its only errors are defects, which the guard handles
 class MemoryStorage:
     """Counters in a dict guarded by one lock.
 
@@ -40,8 +61,9 @@ class MemoryStorage:
         self._slot_heap: list[int] = []
         self._high = 0  # most keys seen at a sweep since the tables were last rebuilt
         # id(checks) -> (checks, its steps): a request shape reused across requests
-        # (a tuple, see ``Route``) has its algorithm functions looked up once.
-        self._shapes: dict[int, tuple[Sequence[Check], list[_Shape]]] = {}
+        # (a tuple, see ``Route``) has its algorithm functions looked up once. Held, so
+        # the id stays its own; bounded by generations, so shapes in use stay cached.
+        self._shapes: Generations[int, tuple[Sequence[Check], list[_Shape]]] = Generations(_SHAPES)
 
     def __len__(self) -> int:
         return len(self._data)
@@ -64,8 +86,13 @@ class MemoryStorage:
             for check in checks:
                 if check.cost > 0 and isinstance(check.algorithm, Algorithm):
                     state = self._live(check.key, now)
-                    refund = REFUNDS[check.algorithm]
-                    change = refund(state, now, check.rate, check.cost, charged_at_us)
+                    calendar, unit = check.calendar, check.rate.calendar
+                    if calendar is not None and unit is not None:
+                        start = calendar.span(unit, charged_at_us)[0]
+                        change = refund_window(state, check.cost, start)
+                    else:
+                        refund = REFUNDS[check.algorithm]
+                        change = refund(state, now, check.rate, check.cost, charged_at_us)
                     if change is not None:
                         self._apply(check.key, change, now)
 
@@ -78,7 +105,11 @@ class MemoryStorage:
                 if check.cost > 0 and isinstance(algorithm, Algorithm):
                     state = self._live(check.key, now)
                     cost = charged_units(algorithm, rate, check.cost)
-                    change = CHARGES[algorithm](state, now, rate, cost)
+                    if check.calendar is not None and rate.calendar is not None:
+                        start, end = check.calendar.span(rate.calendar, now)
+                        change = charge_window(state, now, cost, start, end)
+                    else:
+                        change = CHARGES[algorithm](state, now, rate, cost)
                     if change.state is not None and change.ttl_us is not None:
                         change = Change(
                             *bound_debt(algorithm, change.state, change.ttl_us, now, rate)
@@ -131,7 +162,7 @@ class MemoryStorage:
             self._sweep(self._clock())
 
     def _run(self, checks: Sequence[Check], keys: Sequence[str], *, commit: bool) -> Reply:
-        found = self._shapes.get(id(checks))
+        found = self._shapes.current.get(id(checks))
         shape = found[1] if found is not None and found[0] is checks else self._shape(checks)
         with self._lock:
             now = self._clock()
@@ -180,11 +211,13 @@ class MemoryStorage:
             return reply
 
     def _shape(self, checks: Sequence[Check]) -> list[_Shape]:
-        shape = [(ALGORITHMS[c.algorithm], c.rate, c.cost, c.shadow) for c in checks]
-        if type(checks) is tuple:  # a reused shape; a list is made per call
-            if len(self._shapes) >= 4096:
-                self._shapes.clear()
-            self._shapes[id(checks)] = (checks, shape)
+        if type(checks) is not tuple:  # a list is made per call: not worth keeping
+            return [(_step_of(c), c.rate, c.cost, c.shadow) for c in checks]
+        found = self._shapes.recall(id(checks))
+        if found is not None and found[0] is checks:
+            return found[1]
+        shape = [(_step_of(c), c.rate, c.cost, c.shadow) for c in checks]
+        self._shapes.put(id(checks), (checks, shape))
         return shape
 
     def _live(self, key: str, now: int) -> Any:
@@ -250,3 +283,20 @@ class MemoryStorage:
     def usage_sink(self, prefix: str) -> UsageSink:
         """Dashboard usage stays in this process, on this storage's clock."""
         return MemoryUsageSink(clock=self._clock)
+
+
+def _step_of(check: Check) -> Callable[[Any, int, Rate, int], Step]:
+    """The step function deciding ``check``: its algorithm's, or for a calendar rate a
+    fixed window whose edges the calendar gives at the storage's ``now``."""
+    calendar, unit = check.calendar, check.rate.calendar
+    if calendar is None or unit is None:
+        return ALGORITHMS[check.algorithm]
+    return _calendar_step(calendar, unit)
+
+
+def _calendar_step(calendar: Calendar, unit: str) -> Callable[[Any, int, Rate, int], Step]:
+    def step(state: Any, now: int, rate: Rate, cost: int) -> Step:
+        _, start, end, _ = calendar.bounds(unit, now)
+        return window_step(state, now, rate.limit, start, end, cost)
+
+    return step

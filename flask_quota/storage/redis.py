@@ -12,13 +12,24 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..tools.usage import RedisUsageSink, UsageSink
-from .base import BlockEntry, Check, Clock, Reply, Verdict, verdict_of, wraps_errors
+from ..core.generations import Generations
+from .base import (
+    BlockEntry,
+    Check,
+    Clock,
+    Reply,
+    Verdict,
+    storage_errors,
+    verdict_of,
+    wall_clock_us,
+)
+from .redis_errors import REDIS_ERRORS
+from .redis_usage import RedisUsageSink
 from .url import parse_storage_url
+from .usage import UsageSink
 
 __all__ = [
     "CHARGE_SCRIPT",
-    "REDIS_ERRORS",
     "REFUND_SCRIPT",
     "SCRIPT",
     "SHADOW_MARK",
@@ -27,9 +38,6 @@ __all__ = [
     "decide_args",
     "read_blocks",
 ]
-
-# What redis-py and the socket raise when Redis cannot answer.
-REDIS_ERRORS = (redis.RedisError, OSError)
 
 # The algorithms are separate files so each mirrors its Python twin; Redis runs
 # them as one script, so one call decides every tier of a request.
@@ -55,50 +63,95 @@ REFUND_SCRIPT = _script("common.lua", "refund.lua")  # undo a charge (charge_whe
 CHARGE_SCRIPT = _script("common.lua", "charge.lua")  # charge past the limit (quota.charge)
 
 
+_CACHED = 2048  # entries per generation of the encoding caches
+
 SHADOW_MARK = "~"  # before a check's algorithm code in decide.lua's ARGV: a shadow check
+
+
+CALENDAR_CODE = "cw"  # a calendar window's code in the scripts' ARGV (a fixed window's state)
 
 
 def decide_args(checks: Sequence[Check], mode: str, now_arg: Any) -> list[Any]:
     """ARGV of ``decide.lua``: ``check_args`` of each check after ``mode`` and ``now_arg``."""
     args: list[Any] = [mode, now_arg]
+    around = _around(now_arg)
     for check in checks:
-        args += check_args(check)
+        args += check_args(check, around)
     return args
 
 
-def check_args(check: Check) -> list[str]:
+def check_args(check: Check, around_us: int | None = None) -> list[str]:
     """One check's five arguments to ``decide.lua``. A shadow check's code carries
     ``SHADOW_MARK`` ("~tb"). The rate's numbers are hexadecimal: Lua reads a base-16
     number with ``strtoul`` and a decimal one with ``strtod``, which cost about a
     twentieth of the script's instructions for these numbers. The cost stays
-    decimal: it may be negative (a refund), which ``strtoul`` would wrap around."""
+    decimal: it may be negative (a refund), which ``strtoul`` would wrap around.
+
+    A calendar check (``cw``) sends ``calendar_bounds`` around ``around_us`` (this
+    machine's clock when None) in place of its window."""
     rate, code = check.rate, check.algorithm.code
+    if check.calendar is not None:
+        code = CALENDAR_CODE
+        window = calendar_bounds(check, around_us)
+    else:
+        window = f"{rate.window_us:x}"
     return [
         SHADOW_MARK + code if check.shadow else code,
-        *(f"{n:x}" for n in (rate.limit, rate.window_us, rate.capacity)),
+        f"{rate.limit:x}",
+        window,
+        f"{rate.capacity:x}",
         str(check.cost),
     ]
 
 
+def calendar_bounds(check: Check, around_us: int | None) -> str:
+    """``"prev:start:end:next"`` (decimal microseconds): the edges of a calendar check's
+    window at ``around_us`` and of its neighbours. The script picks the window its own
+    clock (Redis ``TIME``) falls in, so the zone and the calendar stay out of Lua and a
+    client clock a little off (less than a window) changes nothing."""
+    calendar, unit = check.calendar, check.rate.calendar
+    assert calendar is not None and unit is not None
+    now = wall_clock_us() if around_us is None else around_us
+    return ":".join(str(edge) for edge in calendar.bounds(unit, now))
+
+
+def _around(now_arg: Any) -> int | None:
+    """The time a script's ``now`` argument names (tests), or None for the server's."""
+    if isinstance(now_arg, bytes):
+        now_arg = now_arg.decode()
+    return int(now_arg) if now_arg not in ("", None) else None
+
+
 def refund_args(checks: Sequence[Check], now_arg: Any, charged_at_us: int) -> list[Any]:
-    """ARGV of ``refund.lua``."""
+    """ARGV of ``refund.lua``. A calendar check sends, in place of its window, the start
+    of the window it was charged in: ``charged_at_us`` is the server's time of the charge."""
     args: list[Any] = [now_arg]
     for check in checks:
-        rate = check.rate
-        args += [check.algorithm.code, rate.limit, rate.window_us, rate.capacity, check.cost]
+        rate, calendar, unit = check.rate, check.calendar, check.rate.calendar
+        if calendar is not None and unit is not None:
+            start = calendar.span(unit, charged_at_us)[0]
+            args += [CALENDAR_CODE, rate.limit, start, rate.capacity, check.cost]
+        else:
+            args += [check.algorithm.code, rate.limit, rate.window_us, rate.capacity, check.cost]
         args.append(charged_at_us)
     return args
 
 
 def charge_args(checks: Sequence[Check], now_arg: Any) -> list[Any]:
-    """ARGV of ``charge.lua``."""
+    """ARGV of ``charge.lua``; a calendar check's window is ``calendar_bounds``."""
     args: list[Any] = [now_arg]
+    around = _around(now_arg)
     for check in checks:
         rate = check.rate
-        args += [check.algorithm.code, rate.limit, rate.window_us, rate.capacity, check.cost]
+        if check.calendar is not None:
+            window: Any = calendar_bounds(check, around)
+            args += [CALENDAR_CODE, rate.limit, window, rate.capacity, check.cost]
+        else:
+            args += [check.algorithm.code, rate.limit, rate.window_us, rate.capacity, check.cost]
     return args
 
 
+@storage_errors(*REDIS_ERRORS)
 class RedisStorage:
     """Counters in Redis. Every key carries a TTL; every decision is one round trip.
 
@@ -138,47 +191,46 @@ class RedisStorage:
 
     def decide_flat(self, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
         """``decide`` on ``keys``, answered as the script's flat reply (the request path)."""
-        return self._call("decide", checks, keys)
+        # _call inlined: the request path's one wrapped call, with no call beneath it.
+        now = b"" if self._clock is None else b"%d" % self._clock()
+        return Reply(self._decide(self._decide.pack("decide", now, checks, keys)))
 
     def peek(self, checks: Sequence[Check]) -> Verdict:
         """Answer as ``decide`` would without changing anything."""
         return verdict_of(checks, self._call("peek", checks, [c.key for c in checks]))
 
-    @wraps_errors(*REDIS_ERRORS)
     def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
         if checks:
             now_arg = "" if self._clock is None else self._clock()
             args = refund_args(checks, now_arg, charged_at_us)
             self._refund(keys=[c.key for c in checks], args=args)
 
-    @wraps_errors(*REDIS_ERRORS)
     def charge(self, checks: Sequence[Check]) -> None:
         if checks:
             now_arg = "" if self._clock is None else self._clock()
             self._charge(keys=[c.key for c in checks], args=charge_args(checks, now_arg))
 
-    @wraps_errors(*REDIS_ERRORS)
     def clear(self, keys: Sequence[str]) -> None:
         """Forget the state of ``keys`` (a reset)."""
         if keys:
             self.client.delete(*keys)
 
-    @wraps_errors(*REDIS_ERRORS)
     def block(self, key: str, seconds: int, info: str) -> None:
         self.client.set(key, info, ex=seconds)
 
-    @wraps_errors(*REDIS_ERRORS)
     def blocks(self, match: str) -> list[BlockEntry]:
         return read_blocks(self.client, list(self.client.scan_iter(match=match, count=1000)))
 
-    @wraps_errors(*REDIS_ERRORS)
+    def keys(self, match: str) -> list[str]:
+        """Every key matching the glob ``match`` (SCAN: for tests and tools, never a request)."""
+        return [_name(key) for key in self.client.scan_iter(match=match, count=1000)]
+
     def block_info(self, key: str) -> str | None:
         info = self.client.get(key)
         if isinstance(info, bytes):
             return info.decode("utf-8", "replace")
         return info  # None, or a str from a client made with decode_responses
 
-    @wraps_errors(*REDIS_ERRORS)
     def ping(self) -> float:
         """Round-trip latency in seconds; raises ``StorageError`` when down."""
         start = time.perf_counter()
@@ -190,7 +242,6 @@ class RedisStorage:
         self._decide.close()
         self.client.close()
 
-    @wraps_errors(*REDIS_ERRORS)
     def _call(self, mode: str, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
         now = b"" if self._clock is None else b"%d" % self._clock()
         return Reply(self._decide(self._decide.pack(mode, now, checks, keys)))
@@ -236,10 +287,20 @@ class _ScriptCall:
         # (id(rate), id(algorithm), cost, shadow) -> (rate, algorithm, the check's five
         # encoded arguments). Ids, because hashing a Rate or an enum runs Python code; the
         # entry holds the rate and algorithm, so their ids cannot be reused while it lives.
-        self._args: dict[tuple[int, int, int, bool], tuple[Any, Any, bytes]] = {}
+        # Both caches are bounded by generations (costs from a callable can be many), so
+        # what is in use stays encoded however many others come and go.
+        self._args: Generations[tuple[int, int, int, bool], tuple[Any, Any, bytes]] = Generations(
+            _CACHED
+        )
         # id(checks) -> (checks, every check's arguments): a request shape (a tuple the
         # request path reuses, see ``Route``) is encoded once. Held, so the id stays its own.
-        self._shapes: dict[int, tuple[Sequence[Check], bytes]] = {}
+        self._shapes: Generations[int, tuple[Sequence[Check], bytes | None]] = Generations(
+            _CACHED
+        )
+        # id(check) -> (check, the calendar bounds it was encoded for, its arguments).
+        self._calendar_args: Generations[int, tuple[Check, tuple[int, ...], bytes]] = (
+            Generations(_CACHED)
+        )
 
     def pack(
         self, mode: str, now: bytes, checks: Sequence[Check], keys: Sequence[str] | None = None
@@ -255,28 +316,46 @@ class _ScriptCall:
             parts.append(b"$%d\r\n%b\r\n" % (len(encoded), encoded))
         parts.append(self._modes[mode])
         parts.append(_bulk(now))
-        shape = self._shapes.get(id(checks))
-        if shape is not None and shape[0] is checks:
+        shape = self._shapes.current.get(id(checks))
+        if shape is not None and shape[0] is checks and shape[1] is not None:
             parts.append(shape[1])
         else:
-            args = b"".join([self._check_args(check) for check in checks])
-            if type(checks) is tuple:  # a reused shape; a list is made per call
-                if len(self._shapes) >= 4096:
-                    self._shapes.clear()
-                self._shapes[id(checks)] = (checks, args)
-            parts.append(args)
+            parts.append(self._shape(checks, now))
         return b"".join(parts)
 
-    def _check_args(self, check: Check) -> bytes:
-        found = self._args.get((id(check.rate), id(check.algorithm), check.cost, check.shadow))
-        return self._encode(check) if found is None else found[2]
+    def _shape(self, checks: Sequence[Check], now: bytes) -> bytes:
+        if type(checks) is not tuple:  # a list is made per call: not worth keeping
+            return b"".join([self._check_args(check, now) for check in checks])
+        found = self._shapes.current.get(id(checks)) or self._shapes.recall(id(checks))
+        if found is not None and found[0] is checks and found[1] is not None:
+            return found[1]
+        args = b"".join([self._check_args(check, now) for check in checks])
+        if found is None or found[0] is not checks:
+            # A calendar check's arguments follow the clock: kept as "encode each time".
+            calendar = any(c.calendar is not None for c in checks)
+            self._shapes.put(id(checks), (checks, None if calendar else args))
+        return args
 
-    def _encode(self, check: Check) -> bytes:
-        encoded = b"".join(_bulk(arg.encode()) for arg in check_args(check))
-        if len(self._args) >= 4096:  # costs from a callable can be many: stay bounded
-            self._args.clear()
+    def _check_args(self, check: Check, now: bytes) -> bytes:
+        calendar, unit = check.calendar, check.rate.calendar
+        if calendar is not None and unit is not None:
+            # Encoded again only when the window moves: the calendar hands back the same
+            # bounds tuple while the clock stays inside it.
+            bounds = calendar.bounds(unit, int(now) if now else wall_clock_us())
+            cached = self._calendar_args.current.get(id(check)) or self._calendar_args.recall(
+                id(check)
+            )
+            if cached is not None and cached[0] is check and cached[1] is bounds:
+                return cached[2]
+            encoded = b"".join(_bulk(arg.encode()) for arg in check_args(check, bounds[1]))
+            self._calendar_args.put(id(check), (check, bounds, encoded))
+            return encoded
         key = (id(check.rate), id(check.algorithm), check.cost, check.shadow)
-        self._args[key] = (check.rate, check.algorithm, encoded)
+        found = self._args.current.get(key) or self._args.recall(key)
+        if found is not None:
+            return found[2]
+        encoded = b"".join(_bulk(arg.encode()) for arg in check_args(check))
+        self._args.put(key, (check.rate, check.algorithm, encoded))
         return encoded
 
     def __call__(self, packed: bytes) -> Any:
@@ -356,6 +435,10 @@ class _ScriptCall:
             conn.disconnect()
 
 
+def _name(key: bytes | str) -> str:
+    return key.decode() if isinstance(key, bytes) else key
+
+
 def read_blocks(client: Any, keys: list[Any]) -> list[BlockEntry]:
     """The value and the rest of the TTL of each block key, in one pipeline."""
     pipe = client.pipeline(transaction=False)
@@ -366,6 +449,5 @@ def read_blocks(client: Any, keys: list[Any]) -> list[BlockEntry]:
     found = []
     for key, info, ttl in zip(keys, replies[::2], replies[1::2], strict=True):
         if info is not None and ttl > 0:  # gone, or ended between SCAN and the read
-            name = key.decode() if isinstance(key, bytes) else key
-            found.append(BlockEntry(name, ttl * 1000, info.decode("utf-8", "replace")))
+            found.append(BlockEntry(_name(key), ttl * 1000, info.decode("utf-8", "replace")))
     return found

@@ -8,8 +8,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from .base import Clock
+from .base import Clock, storage_errors
 from .redis import RedisStorage
+from .redis_errors import REDIS_ERRORS
 from .url import parse_storage_url, spellings
 
 __all__ = ["SentinelStorage", "parse_sentinel_url"]
@@ -20,6 +21,7 @@ _FORM = (
 )
 
 
+@storage_errors(*REDIS_ERRORS)  # its own methods, if it grows any: the rest are inherited
 class SentinelStorage(RedisStorage):
     """``RedisStorage`` whose connections ask the sentinels where the master is.
 

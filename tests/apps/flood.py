@@ -21,8 +21,8 @@ from flask import Flask
 from flask_quota import Quota
 from flask_quota.core.keys import remote_ip_tag
 from flask_quota.storage import MemoryStorage
+from flask_quota.storage.usage import HOUR
 from flask_quota.testing import FrozenClock
-from flask_quota.tools.usage import HOUR
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

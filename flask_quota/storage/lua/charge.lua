@@ -27,6 +27,13 @@ local function charge_fixed(key, limit, window, capacity, cost)
 end
 
 -- The newest limit + 1 entries decide as all of them would (see bound_debt).
+-- A calendar window: its window argument is its edges (see calendar_span).
+local function charge_calendar(key, limit, bounds, capacity, cost)
+  local start, finish = calendar_span(bounds, now)
+  local count = math.min(fixed_count(key, start) + cost, limit + MAX_OVER)
+  put(key, fmt(start) .. ':' .. fmt(count), finish - now)
+end
+
 local function charge_log(key, limit, window, capacity, cost)
   local entries = redis.call('LRANGE', key, 0, -1)
   local dropped = 0
@@ -50,6 +57,7 @@ end
 local charges = {
   tb = charge_bucket,
   fw = charge_fixed,
+  cw = charge_calendar,
   swl = charge_log,
   swc = charge_counter,
 }
@@ -59,8 +67,10 @@ for i, key in ipairs(KEYS) do
   local charge = charges[ARGV[a]]
   if charge == nil then return redis.error_reply('flask-quota: unknown algorithm ' .. tostring(ARGV[a])) end
   local cost = tonumber(ARGV[a + 4])
+  local window = ARGV[a + 2]
+  if ARGV[a] ~= 'cw' then window = tonumber(window) end -- a calendar's edges stay text
   if cost > 0 then
-    charge(key, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), cost)
+    charge(key, tonumber(ARGV[a + 1]), window, tonumber(ARGV[a + 3]), cost)
   end
 end
 return now

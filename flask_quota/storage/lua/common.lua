@@ -58,3 +58,14 @@ local function counter_counts(key, start, window)
   end
   return 0, 0
 end
+
+-- A calendar window's start and end (flask_quota.core.calendar): of the windows whose
+-- edges are "prev:start:end:next", the one now falls in. The client computed them
+-- around its own clock; the server's picks, so no time zone is known in Lua.
+local function calendar_span(bounds, now)
+  local b0, b1, b2, b3 = string.match(bounds, '^(-?%d+):(-?%d+):(-?%d+):(-?%d+)$')
+  b1, b2 = tonumber(b1), tonumber(b2)
+  if now < b1 then return tonumber(b0), b1 end
+  if now < b2 then return b1, b2 end
+  return b2, tonumber(b3)
+end

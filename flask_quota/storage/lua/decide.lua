@@ -6,7 +6,8 @@
 -- ARGV[3 + 5*(i-1) ...]: algorithm code, limit, window_us, capacity, cost; the
 --          rate's three numbers in hexadecimal (see redis.check_args). A code
 --          starting with "~" ("~tb") marks a shadow check: its denial does not deny
---          (all_allowed ignores it) and it is charged only when it allows.
+--          (all_allowed ignores it) and it is charged only when it allows. A
+--          calendar window ("cw") has "prev:start:end:next" as its window_us.
 -- Returns {now, all_allowed, then per tier: allowed, remaining, reset_us, retry_us}.
 --
 -- An algorithm returns allowed, remaining, reset_us, retry_us and, when it allows
@@ -38,6 +39,9 @@ for i, key in ipairs(KEYS) do
   local allowed, remaining, reset, retry, state, ttl
   if code == 'blk' then -- the gate has no rate: its arguments are not parsed
     allowed, remaining, reset, retry = block_gate(key, now)
+  elseif code == 'cw' then -- a calendar window: its window argument is its edges
+    allowed, remaining, reset, retry, state, ttl = calendar_window(key, now,
+      tonumber(ARGV[a + 1], 16), ARGV[a + 2], tonumber(ARGV[a + 4]))
   else
     local algorithm = algorithms[code]
     if algorithm == nil then return redis.error_reply('flask-quota: unknown algorithm ' .. tostring(ARGV[a])) end

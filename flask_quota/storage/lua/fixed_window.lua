@@ -1,9 +1,8 @@
 -- Counter per epoch-aligned window, stored as "start:count".
--- Mirrors flask_quota.core.algorithms.fixed_window. Returns as decide.lua reads it (see there).
-local function fixed_window(key, now, limit, window, capacity, cost)
-  local start = now - now % window
+-- Mirrors flask_quota.core.algorithms.fixed_window (and window_step). Returns as
+-- decide.lua reads it (see there).
+local function window_step(key, now, limit, start, finish, cost)
   local count = fixed_count(key, start)
-  local finish = start + window
   if count + cost <= limit then
     local used = count + cost
     local reset = now
@@ -13,7 +12,18 @@ local function fixed_window(key, now, limit, window, capacity, cost)
   end
   local reset = now
   if count > 0 then reset = finish end
-  local retry = window
+  local retry = finish - start
   if cost <= limit then retry = finish - now end
   return 0, limit - count, reset, retry
+end
+
+local function fixed_window(key, now, limit, window, capacity, cost)
+  local start = now - now % window
+  return window_step(key, now, limit, start, start + window, cost)
+end
+
+-- A calendar month or year: the same counter, its edges from calendar_span.
+local function calendar_window(key, now, limit, bounds, cost)
+  local start, finish = calendar_span(bounds, now)
+  return window_step(key, now, limit, start, finish, cost)
 end

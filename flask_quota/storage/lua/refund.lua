@@ -26,11 +26,12 @@ local function refund_bucket(key, limit, window, capacity, cost, charged_at)
   return 1
 end
 
-local function refund_fixed(key, limit, window, capacity, cost, charged_at)
+-- A fixed window charged in the window starting at start.
+local function refund_window(key, start, cost)
   local raw = redis.call('GET', key)
   if not raw then return 0 end
   local s, c = string.match(raw, '^(%d+):(%d+)$')
-  if tonumber(s) ~= charged_at - charged_at % window then return 0 end -- window is over
+  if tonumber(s) ~= start then return 0 end -- window is over
   local count = math.max(0, tonumber(c) - cost)
   if count == 0 then
     redis.call('DEL', key)
@@ -38,6 +39,15 @@ local function refund_fixed(key, limit, window, capacity, cost, charged_at)
     redis.call('SET', key, s .. ':' .. fmt(count), 'KEEPTTL')
   end
   return 1
+end
+
+local function refund_fixed(key, limit, window, capacity, cost, charged_at)
+  return refund_window(key, charged_at - charged_at % window, cost)
+end
+
+-- A calendar window's "window" argument is the start of the window it was charged in.
+local function refund_calendar(key, limit, start, capacity, cost, charged_at)
+  return refund_window(key, start, cost)
 end
 
 local function refund_log(key, limit, window, capacity, cost, charged_at)
@@ -71,6 +81,7 @@ end
 local refunds = {
   tb = refund_bucket,
   fw = refund_fixed,
+  cw = refund_calendar,
   swl = refund_log,
   swc = refund_counter,
   blk = function() return 0 end, -- a block gate charges nothing

@@ -1,4 +1,4 @@
--- One flush's usage counts for one minute (see flask_quota/tools/usage.py, RedisUsageSink).
+-- One flush's usage counts for one minute (see flask_quota/storage/redis_usage.py, RedisUsageSink).
 -- The minute keeps three keys however many callers it saw, all in one hash slot:
 -- KEYS[1]: hash "tier|a" / "tier|d" / "tier|s" (allowed, denied, shadow-denied) -> count, the minute's totals ("*" counts requests)
 -- KEYS[2]: sorted set identity -> requests, trimmed to its ARGV[2] busiest members
