@@ -61,9 +61,20 @@ def run_migrations_online() -> None:
     options = _options()
     options.setdefault("process_revision_directives", skip_empty)
     with quota_engine(current_app).connect() as connection:
-        context.configure(connection=connection, **options)
-        with context.begin_transaction():
-            context.run_migrations()
+        sqlite = connection.dialect.name == "sqlite"
+        if sqlite:
+            # A batch migration rebuilds a table by dropping it: with foreign keys on,
+            # that would cascade into the rows that reference it (clients' overrides).
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            connection.commit()
+        try:
+            context.configure(connection=connection, **options)
+            with context.begin_transaction():
+                context.run_migrations()
+        finally:
+            if sqlite:
+                connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+                connection.commit()
 
 
 if context.is_offline_mode():

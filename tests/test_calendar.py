@@ -16,7 +16,7 @@ from flask import Flask
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flask_quota import Identity, Plan, PlanCatalog, Quota, QuotaExceeded
+from flask_quota import Identity, Plan, Quota, QuotaExceeded
 from flask_quota.core.algorithms import Algorithm
 from flask_quota.core.calendar import MONTH, YEAR, Calendar
 from flask_quota.core.checks import Check
@@ -26,6 +26,7 @@ from flask_quota.core.policy import Policy
 from flask_quota.core.rates import parse_rate, parse_rates
 from flask_quota.core.validators import rate_text
 from flask_quota.settings import FailMode, Settings
+from flask_quota.sql.snapshot import SqlCatalog
 from flask_quota.storage import MemoryStorage
 from flask_quota.storage.breaker import CircuitBreaker
 from flask_quota.storage.failover import GuardedStorage
@@ -361,21 +362,22 @@ def _enforcer(clock: FrozenClock) -> Enforcer:
     return Enforcer(
         guard=GuardedStorage(MemoryStorage(clock), FailMode.OPEN, CircuitBreaker("memory")),
         policy=Policy(KeyBuilder("quota"), Algorithm.TOKEN_BUCKET, calendar=Calendar("UTC", 1)),
-        catalog=lambda: PlanCatalog([plan]),
+        catalog=lambda: SqlCatalog([plan], billing_days={"a": 25}),
         anonymous_plan="free",
         default_plan="free",
     )
 
 
 def test_a_callers_own_billing_day_wins() -> None:
-    """``Facts.billing_day`` (a client's own, e.g. from its SQL record) moves that
-    caller's month; without it QUOTA_BILLING_DAY applies."""
+    """A client's own billing day (``PlanCatalog.billing_day``, from its SQL record) moves
+    that caller's month; without one QUOTA_BILLING_DAY applies."""
     clock = FrozenClock(_us(datetime(2026, 3, 20, tzinfo=UTC)) / US)
     enforcer = _enforcer(clock)
     ip = remote_ip_tag("203.0.113.9")
 
     def ask(who: str, day: int | None) -> Callable[[], Any]:
-        return lambda: enforcer.decide(Facts("GET", "x", ip, Identity(who), billing_day=day))
+        # ``day``: what the catalog holds for ``who`` (read there, not passed).
+        return lambda: enforcer.decide(Facts("GET", "x", ip, Identity(who)))
 
     own = ask("a", 25)()
     assert own is not None

@@ -127,3 +127,63 @@ def test_tables_the_extension_made_are_stamped_at_head(tmp_path: Path, database_
         assert differences(database_url) == []
     finally:
         sql.close()
+
+
+def test_a_0001_database_upgrades_in_place_to_tenants(database_url: str) -> None:
+    """A database at 0001 with a plan, a client and its override upgrades to 0002 keeping
+    every row; then a tenant, a billing day, a tenant override and a tenant-tier plan
+    limit fit, the constraints still refuse nonsense, and downgrade keeps 0001's rows."""
+    flask_db(database_url, "upgrade", "0001_quota_tables")
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO quota_plans (id, name, description, position, created_at) "
+                "VALUES (1, 'pro', '', 0, '2026-01-01 00:00:00')"
+            ))
+            conn.execute(text(
+                "INSERT INTO quota_clients (id, name, plan_id, key_prefix, key_salt, key_hash, "
+                "created_at) VALUES (7, 'acme-bot', 1, 'fq_abc', 's', 'h', '2026-01-01 00:00:00')"
+            ))
+            conn.execute(text(
+                "INSERT INTO quota_overrides (id, client_id, tier, resource, rate, created_at) "
+                "VALUES (3, 7, 'user', '', '9/minute', '2026-01-01 00:00:00')"
+            ))
+        flask_db(database_url, "upgrade")
+        assert differences(database_url) == []
+        with engine.begin() as conn:
+            assert conn.execute(text(
+                "SELECT name, tenant, billing_day FROM quota_clients"
+            )).all() == [("acme-bot", None, None)]
+            assert conn.execute(text(
+                "SELECT client_id, tenant, rate FROM quota_overrides"
+            )).all() == [(7, None, "9/minute")]
+            conn.execute(text("UPDATE quota_clients SET tenant = 'acme', billing_day = 15"))
+            conn.execute(text(
+                "INSERT INTO quota_overrides (id, tenant, tier, resource, rate, created_at) "
+                "VALUES (4, 'acme', 'tenant', '', '50/minute', '2026-01-01 00:00:00')"
+            ))
+            conn.execute(text(
+                "INSERT INTO quota_plan_limits (plan_id, tier, resource, rate, shadow) "
+                "VALUES (1, 'tenant', '', '500/minute', false)"
+            ))
+        refused = [
+            "UPDATE quota_clients SET billing_day = 32",
+            "INSERT INTO quota_overrides (id, client_id, tenant, tier, resource, rate, "
+            "created_at) VALUES (5, 7, 'acme', 'global', '', '1/second', '2026-01-01')",
+            "INSERT INTO quota_overrides (id, tier, resource, rate, created_at) "
+            "VALUES (6, 'global', '', '1/second', '2026-01-01')",
+            "INSERT INTO quota_plan_limits (plan_id, tier, resource, rate, shadow) "
+            "VALUES (1, 'nonsense', '', '1/second', false)",
+        ]
+        for statement in refused:
+            with pytest.raises(Exception), engine.begin() as conn:  # noqa: B017 (any driver's)
+                conn.execute(text(statement))
+        flask_db(database_url, "downgrade", "0001_quota_tables")
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT id, rate FROM quota_overrides")).all() == [
+                (3, "9/minute")
+            ]
+            assert conn.execute(text("SELECT name FROM quota_clients")).all() == [("acme-bot",)]
+    finally:
+        engine.dispose()

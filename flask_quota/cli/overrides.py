@@ -10,7 +10,55 @@ from .common import RAW, TIER_CHOICE, actor_option, admin_for, one_line_errors, 
 
 __all__ = ["overrides_cli"]
 
-overrides_cli = AppGroup("overrides", help="Per-client rates that win over the plan's.")
+overrides_cli = AppGroup(
+    "overrides", help="Per-client and per-tenant rates that win over the plan's."
+)
+
+
+def _target(client_id: int | None, tenant: str | None) -> str:
+    return f"tenant {tenant}" if client_id is None else f"client {client_id}"
+
+
+def _set(
+    client_id: str | None,
+    tenant: str | None,
+    tier: str,
+    rate: str,
+    resource: str | None,
+    expires: str | None,
+    actor: str,
+) -> None:
+    lifetime = parse_duration(expires) if expires is not None else None
+    info = admin_for(actor).add_override(
+        client_id, tier, rate, resource=resource, expires_in=lifetime, tenant=tenant
+    )
+    where = f"{info.tier} {info.resource}" if info.resource else info.tier
+    until = f" until {when(info.expires_at)}" if info.expires_at else ""
+    target = _target(info.client_id, info.tenant)
+    click.echo(f"override {info.id}: {target} {where} {info.rate}{until}")
+
+
+@overrides_cli.command("set", context_settings=RAW)
+@click.option("--client", "client_id", metavar="ID", help="The client the rate is for.")
+@click.option("--tenant", help="The tenant whose every caller the rate is for.")
+@click.argument("tier", type=TIER_CHOICE)
+@click.argument("rate")
+@click.option("--resource", help="The resource of an endpoint-tier override.")
+@click.option("--expires", help="Lifetime, e.g. 30m, 12h, 7d, 2w; default: until removed.")
+@actor_option
+@one_line_errors
+def overrides_set(
+    client_id: str | None,
+    tenant: str | None,
+    tier: str,
+    rate: str,
+    resource: str | None,
+    expires: str | None,
+    actor: str,
+) -> None:
+    """Give a client (--client ID) or a tenant (--tenant T) its own RATE for TIER,
+    replacing its earlier one; a client's own wins over its tenant's."""
+    _set(client_id, tenant, tier, rate, resource, expires, actor)
 
 
 @overrides_cli.command("add", context_settings=RAW)
@@ -24,25 +72,27 @@ overrides_cli = AppGroup("overrides", help="Per-client rates that win over the p
 def overrides_add(
     client_id: str, tier: str, rate: str, resource: str | None, expires: str | None, actor: str
 ) -> None:
-    """Give CLIENT its own RATE for TIER (replaces its earlier one for that tier)."""
-    lifetime = parse_duration(expires) if expires is not None else None
-    info = admin_for(actor).add_override(
-        client_id, tier, rate, resource=resource, expires_in=lifetime
-    )
-    where = f"{info.tier} {info.resource}" if info.resource else info.tier
-    until = f" until {when(info.expires_at)}" if info.expires_at else ""
-    click.echo(f"override {info.id}: client {info.client_id} {where} {info.rate}{until}")
+    """Give CLIENT its own RATE for TIER (as `overrides set --client CLIENT`)."""
+    _set(client_id, None, tier, rate, resource, expires, actor)
 
 
 @overrides_cli.command("list", context_settings=RAW)
 @click.argument("client_id", metavar="[CLIENT]", required=False)
+@click.option("--tenant", help="Only the overrides of this tenant.")
 @one_line_errors
-def overrides_list(client_id: str | None) -> None:
-    """Show overrides (of CLIENT, or of everyone)."""
+def overrides_list(client_id: str | None, tenant: str | None) -> None:
+    """Show overrides (of CLIENT, of a --tenant, or of everyone)."""
     table(
         (
-            [str(o.id), str(o.client_id), o.tier, o.resource or "-", o.rate, when(o.expires_at)]
-            for o in admin_for("cli").overrides(client_id)
+            [
+                str(o.id),
+                str(o.client_id) if o.client_id is not None else f"tenant {o.tenant}",
+                o.tier,
+                o.resource or "-",
+                o.rate,
+                when(o.expires_at),
+            ]
+            for o in admin_for("cli").overrides(client_id, tenant=tenant)
         ),
         ["ID", "CLIENT", "TIER", "RESOURCE", "RATE", "EXPIRES"],
     )
@@ -53,6 +103,6 @@ def overrides_list(client_id: str | None) -> None:
 @actor_option
 @one_line_errors
 def overrides_remove(override_id: str, actor: str) -> None:
-    """Delete override ID: the client gets its plan's rate again."""
+    """Delete override ID: its client (or tenant) gets its plan's rate again."""
     info = admin_for(actor).remove_override(override_id)
-    click.echo(f"override {info.id} of client {info.client_id} removed")
+    click.echo(f"override {info.id} of {_target(info.client_id, info.tenant)} removed")

@@ -57,9 +57,6 @@ class Facts:
     spec: LimitSpec | None = None  # the view's ``@quota.limit``, if it applies
     cost: int = 1  # the endpoint tier's cost, already evaluated
     owner: str | None = None  # the ``key=`` callable's answer: the endpoint bucket's owner
-    # The caller's own day of the month its N/month quotas reset on (1-31, e.g. its SQL
-    # client's ``billing_day``); None: ``QUOTA_BILLING_DAY``. Out of range: ignored.
-    billing_day: int | None = None
 
 
 @dataclass(slots=True)  # not frozen: one is made per request, and frozen costs twice
@@ -200,9 +197,11 @@ class Enforcer:
         )  # fmt: skip
         if not route.tiers:
             return None
-        day = facts.billing_day
-        if day is not None and route.billed is not None and 1 <= day <= 31:
-            route = route.on_billing_day(day)
+        if route.billed is not None and facts.identity is not None:
+            # A calendar month is on the route: the caller's own billing day, if any.
+            day = catalog.billing_day(facts.identity.id)
+            if day is not None and 1 <= day <= 31:
+                route = route.on_billing_day(day)
         owner = KeyBuilder.key_tag(facts.owner) if facts.owner is not None else tag
         # The caller's block gate is read in the same storage call as its tiers (and its
         # tenant's bucket in the same call too: all-or-nothing across them).
@@ -261,7 +260,9 @@ class Enforcer:
             plan = catalog.resolve(self.anonymous_plan, None, fallback=self.default_plan)
             return facts.ip_tag, plan, None
         plan_name = identity.plan or self.default_plan
-        plan = catalog.resolve(plan_name, identity.id, fallback=self.default_plan)
+        plan = catalog.resolve(
+            plan_name, identity.id, fallback=self.default_plan, tenant=identity.tenant
+        )
         tenant = None
         if identity.tenant is not None and plan.tenant_rate is not None:
             tenant = KeyBuilder.tenant_tag(identity.tenant)

@@ -176,13 +176,19 @@ class PlanCatalog(Mapping[str, Plan]):
     def __len__(self) -> int:
         return len(self._order)
 
-    def resolve(self, plan: str, identity_id: str | None, *, fallback: str) -> Plan:
+    def resolve(
+        self, plan: str, identity_id: str | None, *, fallback: str, tenant: str | None = None
+    ) -> Plan:
         """The plan that applies to a caller: ``plan``, else ``fallback``.
 
-        A catalog that knows per-client overrides (the SQL store) returns the
-        plan with them applied; this one has none.
+        A catalog that knows per-client and per-tenant overrides (the SQL store)
+        returns the plan with them applied; this one has none.
         """
         return self._plans.get(plan) or self._plans[fallback]
+
+    def billing_day(self, identity_id: str) -> int | None:
+        """A caller's own day for ``N/month`` resets; ``None``: ``QUOTA_BILLING_DAY``."""
+        return None
 
     def client_plan(self, client_id: str) -> str | None:
         """The plan of a known API client; a catalog without clients knows none."""

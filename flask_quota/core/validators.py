@@ -92,6 +92,30 @@ def client_name(value: str) -> str:
     return name
 
 
+TENANT_MAX = 64
+
+
+def tenant_name(value: object) -> str:
+    """A tenant as clients and overrides store it: 1-64 printable characters, blanks
+    trimmed (it is escaped into storage keys, so any such text is safe there)."""
+    name = value.strip() if isinstance(value, str) else ""
+    if not name or len(name) > TENANT_MAX or not name.isprintable():
+        raise ValueError(f"a tenant must be 1-{TENANT_MAX} printable characters, got {value!r}")
+    return name
+
+
+def billing_day(value: object) -> int:
+    """A day of the month a client's ``N/month`` quotas reset on: 1-31 (29-31 mean the
+    last day of shorter months)."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isascii() or not text.isdigit() or len(text) > 2:
+        raise ValueError(f"a billing day must be a day of the month from 1 to 31, got {value!r}")
+    day = int(text)
+    if not 1 <= day <= 31:
+        raise ValueError(f"a billing day must be a day of the month from 1 to 31, got {value!r}")
+    return day
+
+
 def rate_text(value: str | Rate | Rates) -> str:
     """Rates in their canonical text form (``"5/minute"``, ``"2/second, 3/minute"``),
     parsed to prove they are valid."""

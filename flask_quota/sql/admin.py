@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.orm.exc import StaleDataError
 
 from ..core.algorithms import Algorithm
@@ -325,9 +325,20 @@ class QuotaAdmin:
             rows = session.scalars(select(Client).order_by(Client.id)).all()
             return [client_info(row) for row in rows]
 
-    def create_client(self, name: str, plan: str) -> tuple[ClientInfo, str]:
-        """A new client and its API key: the key is returned here once and never stored."""
+    def create_client(
+        self,
+        name: str,
+        plan: str,
+        *,
+        tenant: str | None = None,
+        billing_day: int | str | None = None,
+    ) -> tuple[ClientInfo, str]:
+        """A new client and its API key: the key is returned here once and never stored.
+        ``tenant``: the customer organisation whose bucket it shares; ``billing_day``:
+        the day its ``N/month`` quotas reset on (else ``QUOTA_BILLING_DAY``)."""
         name = inputs.client_name(name)
+        tenant_ = inputs.tenant(tenant)
+        day = inputs.billing_day(billing_day)
 
         def apply(session: Session) -> tuple[ClientInfo, str]:
             record = _plan(session, plan)
@@ -337,8 +348,9 @@ class QuotaAdmin:
             while session.scalar(select(Client.id).where(Client.key_prefix == new.prefix)):
                 new = apikeys.generate()  # 54 random bits: practically never
             client = Client(
-                name=name, plan=record, key_prefix=new.prefix, key_salt=new.salt, key_hash=new.hash
-            )
+                name=name, plan=record, key_prefix=new.prefix, key_salt=new.salt,
+                key_hash=new.hash, tenant=tenant_, billing_day=day,
+            )  # fmt: skip
             session.add(client)
             session.flush()
             info = client_info(client)
@@ -378,29 +390,92 @@ class QuotaAdmin:
 
         return self._change(apply, f"client {client_id}")
 
-    # -- overrides ----------------------------------------------------------
+    def set_client_tenant(self, client_id: int | str, tenant: str | None) -> ClientInfo:
+        """Move a client to another tenant (``None``: no tenant)."""
+        tenant_ = inputs.tenant(tenant)
 
-    def overrides(self, client_id: int | str | None = None) -> list[OverrideInfo]:
-        """The overrides of one client, or of every client."""
+        def apply(session: Session) -> ClientInfo:
+            client = _client(session, client_id)
+            before = client_dict(client_info(client))
+            client.tenant = tenant_
+            session.flush()
+            info = client_info(client)
+            self._audit(
+                session, "client.set_tenant", f"client:{client.id}", before, client_dict(info)
+            )
+            return info
+
+        return self._change(apply, f"client {client_id}")
+
+    def set_client_billing_day(self, client_id: int | str, day: int | str | None) -> ClientInfo:
+        """Set the day a client's ``N/month`` quotas reset on (``None``: QUOTA_BILLING_DAY)."""
+        day_ = inputs.billing_day(day)
+
+        def apply(session: Session) -> ClientInfo:
+            client = _client(session, client_id)
+            before = client_dict(client_info(client))
+            client.billing_day = day_
+            session.flush()
+            info = client_info(client)
+            self._audit(
+                session, "client.set_billing_day", f"client:{client.id}", before,
+                client_dict(info),
+            )  # fmt: skip
+            return info
+
+        return self._change(apply, f"client {client_id}")
+
+    def tenants(self) -> dict[str, list[ClientInfo]]:
+        """Every tenant a client names, with its clients (by name)."""
         with self.store.session() as session:
             bounded(session)
-            query = select(Override).order_by(Override.client_id, Override.id)
+            rows = session.scalars(
+                select(Client)
+                .options(selectinload(Client.plan))
+                .where(Client.tenant.is_not(None))
+                .order_by(Client.tenant, Client.name)
+            )
+            found: dict[str, list[ClientInfo]] = {}
+            for client in rows:
+                assert client.tenant is not None
+                found.setdefault(client.tenant, []).append(client_info(client))
+            return found
+
+    # -- overrides ----------------------------------------------------------
+
+    def overrides(
+        self, client_id: int | str | None = None, *, tenant: str | None = None
+    ) -> list[OverrideInfo]:
+        """The overrides of one client, of one tenant, or all of them."""
+        with self.store.session() as session:
+            bounded(session)
+            query = select(Override).order_by(Override.client_id, Override.tenant, Override.id)
             if client_id is not None:
                 query = query.where(
                     Override.client_id == _client(session, client_id, lock=False).id
                 )
+            if tenant is not None:
+                query = query.where(Override.tenant == inputs.tenant(tenant))
             return [override_info(row) for row in session.scalars(query)]
 
     def add_override(
         self,
-        client_id: int | str,
+        client_id: int | str | None,
         tier: str,
         rate: str,
         *,
         resource: str | None = None,
         expires_in: timedelta | None = None,
+        tenant: str | None = None,
     ) -> OverrideInfo:
-        """Give a client its own rate for a tier (replacing an earlier one for the same tier)."""
+        """Give a client (or, with ``tenant`` and no client, every caller of a tenant) its
+        own rate for a tier, replacing an earlier one for the same tier and resource. A
+        client's own override wins over its tenant's."""
+        if (client_id is None) == (tenant is None):
+            raise AdminError(
+                "an override is for one client or one tenant: give --client or --tenant"
+            )
+        tenant_ = inputs.tenant(tenant)
         tier_ = inputs.tier(tier)
         resource_ = inputs.resource(tier_, resource)
         rate_ = inputs.rate(rate)
@@ -409,29 +484,36 @@ class QuotaAdmin:
         expires_at = utcnow() + expires_in if expires_in is not None else None
 
         def apply(session: Session) -> OverrideInfo:
-            client = _client(session, client_id)
-            limit = _limit(client.plan, tier_, resource_)
-            where = f"the override of client {client.id}"
-            self._fits(rate_, limit.algorithm if limit is not None else None, where)
+            if client_id is not None:
+                client = _client(session, client_id)
+                limit = _limit(client.plan, tier_, resource_)
+                where, target = f"the override of client {client.id}", f"client:{client.id}"
+                self._fits(rate_, limit.algorithm if limit is not None else None, where)
+                match = Override.client_id == client.id
+            else:
+                client = None
+                where, target = f"the override of tenant {tenant_!r}", f"tenant:{tenant_}"
+                self._fits(rate_, None, where)  # its clients' plans may differ
+                match = Override.tenant == tenant_
             row = session.scalar(
                 select(Override).where(
-                    Override.client_id == client.id,
-                    Override.tier == tier_,
-                    Override.resource == resource_,
+                    match, Override.tier == tier_, Override.resource == resource_
                 )
             )
             before = None if row is None else override_dict(override_info(row))
             if row is None:
-                row = Override(client=client, tier=tier_, resource=resource_, rate=rate_)
+                row = Override(
+                    client=client, tenant=tenant_, tier=tier_, resource=resource_, rate=rate_
+                )
                 session.add(row)
             row.rate, row.expires_at = rate_, expires_at
             session.flush()
             info = override_info(row)
-            after = override_dict(info)
-            self._audit(session, "override.set", f"client:{client.id}", before, after)
+            self._audit(session, "override.set", target, before, override_dict(info))
             return info
 
-        return self._change(apply, f"the override of client {client_id}")
+        what = f"client {client_id}" if client_id is not None else f"tenant {tenant!r}"
+        return self._change(apply, f"the override of {what}")
 
     def remove_override(self, override_id: int | str) -> OverrideInfo:
         """Delete an override: its client gets the plan's rate again."""
@@ -442,9 +524,7 @@ class QuotaAdmin:
                 raise AdminError(f"no override with id {override_id}")
             info = override_info(row)
             session.delete(row)
-            self._audit(
-                session, "override.remove", f"client:{info.client_id}", override_dict(info), None
-            )
+            self._audit(session, "override.remove", info.target, override_dict(info), None)
             return info
 
         return self._change(apply, f"override {override_id}")

@@ -18,6 +18,7 @@ from .errors import AdminError
 __all__ = [
     "DEFAULT_ALGORITHM",
     "algorithm",
+    "billing_day",
     "client_name",
     "description",
     "parse_duration",
@@ -25,6 +26,7 @@ __all__ = [
     "positive_id",
     "rate",
     "resource",
+    "tenant",
     "tier",
 ]
 
@@ -104,6 +106,16 @@ def description(value: str) -> str:
 
 def client_name(name: str) -> str:
     return _checked(validators.client_name, name)
+
+
+def tenant(value: str | None) -> str | None:
+    """A tenant, or None for "no tenant"."""
+    return None if value is None else _checked(validators.tenant_name, value)
+
+
+def billing_day(value: int | str | None) -> int | None:
+    """A day of the month (1-31), or None for ``QUOTA_BILLING_DAY``."""
+    return None if value is None else _checked(validators.billing_day, value)
 
 
 def positive_id(value: int | str, what: str) -> int:

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from ..core.algorithms import Algorithm
-from ..core.plans import LimitMode, Plan
+from ..core.plans import Limit, LimitMode, Plan
 from ..core.rates import Rates, parse_rates
 from ..core.tiers import Tier
 from .models import AuditEntry, Client, Override, PlanLimit, PlanRecord
@@ -78,32 +78,26 @@ def limit_rows(plan: Plan) -> list[PlanLimit]:
 
 def plan_limits(plan: Plan) -> list[tuple[Tier, str, Rates]]:
     """(tier, resource or "", rates) of every limit of ``plan``."""
-    limits = [(Tier.GLOBAL, "", plan.global_rate), (Tier.USER, "", plan.user_rate)]
-    limits += [(Tier.ENDPOINT, resource, rates) for resource, rates in plan.resources.items()]
-    return [(tier, resource, rates) for tier, resource, rates in limits if rates is not None]
+    return [(limit.tier, limit.resource, limit.rates) for limit in plan.limits()]
 
 
 def plan_from_record(record: PlanRecord) -> Plan:
     """The ``Plan`` a row and its limits describe (with each limit's algorithm and shadow)."""
-    rates: dict[tuple[str, str], Rates] = {}
-    modes: dict[tuple[str, str], LimitMode] = {}
-    for limit in record.limits:
-        where = f"plan {record.name!r} {limit.tier} {limit.resource}"
-        rate = _parse_stored(limit.rate, where)
+    limits = []
+    for row in record.limits:
+        where = f"plan {record.name!r} {row.tier} {row.resource}"
+        rate = _parse_stored(row.rate, where)
         if rate is None:
             continue
-        rates[(limit.tier, limit.resource)] = rate
-        mode = LimitMode(_stored_algorithm(limit.algorithm, where), bool(limit.shadow))
-        if not mode.default:
-            modes[(limit.tier, limit.resource)] = mode
-    return Plan(
-        record.name,
-        rates.get((Tier.GLOBAL.value, "")),
-        rates.get((Tier.USER.value, "")),
-        {res: rate for (tier, res), rate in rates.items() if tier == Tier.ENDPOINT.value},
-        record.description or "",
-        record.upgrade_hint,
-        modes,
+        try:
+            tier = Tier(row.tier)
+        except ValueError:
+            log.error("flask-quota: ignoring %s: unknown tier", where)
+            continue
+        mode = LimitMode(_stored_algorithm(row.algorithm, where), bool(row.shadow))
+        limits.append(Limit(tier, row.resource, rate, mode))
+    return Plan.of(
+        record.name, limits, description=record.description or "", upgrade=record.upgrade_hint
     )
 
 
@@ -136,9 +130,12 @@ def _parse_stored(text_: str, what: str) -> Rates | None:
         return None
 
 
-def key_entry(client_id: int, plan: str, salt: str, digest: str) -> KeyEntry:
-    """The snapshot's entry for a live client's key (its row's id, plan name and hash)."""
-    return KeyEntry(str(client_id), plan, salt, digest)
+def key_entry(
+    client_id: int, plan: str, salt: str, digest: str, tenant: str | None = None
+) -> KeyEntry:
+    """The snapshot's entry for a live client's key (its row's id, plan name, hash and
+    tenant)."""
+    return KeyEntry(str(client_id), plan, salt, digest, tenant)
 
 
 # -- rows -> the operator's views -----------------------------------------------
@@ -177,16 +174,24 @@ class ClientInfo:
     key_prefix: str
     created_at: datetime
     revoked_at: datetime | None
+    tenant: str | None = None
+    billing_day: int | None = None  # None: QUOTA_BILLING_DAY
 
 
 @dataclass(frozen=True)
 class OverrideInfo:
     id: int
-    client_id: int
+    client_id: int | None  # None: a tenant's override
     tier: str
     resource: str
     rate: str
     expires_at: datetime | None
+    tenant: str | None = None
+
+    @property
+    def target(self) -> str:
+        """What the override is aimed at, as the audit log names it."""
+        return f"tenant:{self.tenant}" if self.client_id is None else f"client:{self.client_id}"
 
 
 @dataclass(frozen=True)
@@ -226,6 +231,8 @@ def client_info(client: Client) -> ClientInfo:
         client.key_prefix,
         client.created_at,
         client.revoked_at,
+        client.tenant,
+        client.billing_day,
     )
 
 
@@ -236,11 +243,15 @@ def client_dict(info: ClientInfo) -> dict[str, Any]:
         "plan": info.plan,
         "key_prefix": info.key_prefix,
         "revoked_at": info.revoked_at.isoformat() if info.revoked_at else None,
+        "tenant": info.tenant,
+        "billing_day": info.billing_day,
     }
 
 
 def override_info(row: Override) -> OverrideInfo:
-    return OverrideInfo(row.id, row.client_id, row.tier, row.resource, row.rate, row.expires_at)
+    return OverrideInfo(
+        row.id, row.client_id, row.tier, row.resource, row.rate, row.expires_at, row.tenant
+    )
 
 
 def override_dict(info: OverrideInfo) -> dict[str, Any]:

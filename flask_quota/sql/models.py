@@ -51,7 +51,7 @@ __all__ = [
 # The Alembic revision these models correspond to (migrations/versions/). When the
 # extension creates the tables itself, it records this revision so that a later
 # ``flask db upgrade`` continues from here; tests/test_migrations.py keeps it in step.
-SCHEMA_REVISION = "0001_quota_tables"
+SCHEMA_REVISION = "0002_tenants"
 
 metadata = MetaData(
     naming_convention={
@@ -67,6 +67,10 @@ _TIERS = ", ".join(f"'{tier.value}'" for tier in Tier)
 # Endpoint rows name a resource, global and user rows do not ('' rather than NULL,
 # so that the unique constraints hold on every database).
 _RESOURCE_CHECK = "(tier = 'endpoint' AND resource <> '') OR (tier <> 'endpoint' AND resource = '')"
+# An override is a client's or a tenant's, never both nor neither.
+_TARGET_CHECK = (
+    "(client_id IS NOT NULL AND tenant IS NULL) OR (client_id IS NULL AND tenant IS NOT NULL)"
+)
 
 
 def utcnow() -> datetime:
@@ -196,10 +200,20 @@ class PlanLimit(_TierRate, Model):
 
 
 class Client(Model):
-    """An API client. Only a salted hash of its key is stored, plus a display prefix."""
+    """An API client. Only a salted hash of its key is stored, plus a display prefix.
+
+    ``tenant``: the customer organisation it belongs to (its callers share the tenant
+    tier's bucket); ``billing_day``: the day its ``N/month`` quotas reset on, else
+    ``QUOTA_BILLING_DAY``.
+    """
 
     __tablename__ = "quota_clients"
-    __table_args__ = (UniqueConstraint("name"), UniqueConstraint("key_prefix"))
+    __table_args__ = (
+        UniqueConstraint("name"),
+        UniqueConstraint("key_prefix"),
+        Index(None, "tenant"),
+        CheckConstraint("billing_day BETWEEN 1 AND 31", name="billing_day"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
@@ -209,6 +223,8 @@ class Client(Model):
     key_hash: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    tenant: Mapped[str | None] = mapped_column(String(validators.TENANT_MAX))
+    billing_day: Mapped[int | None] = mapped_column(Integer)
 
     plan: Mapped[PlanRecord] = relationship()
     overrides: Mapped[list[Override]] = relationship(
@@ -219,23 +235,41 @@ class Client(Model):
     def _check_name(self, key: str, value: str) -> str:
         return validators.client_name(value)
 
+    @validates("tenant")
+    def _check_tenant(self, key: str, value: str | None) -> str | None:
+        return None if value is None else validators.tenant_name(value)
+
+    @validates("billing_day")
+    def _check_billing_day(self, key: str, value: int | None) -> int | None:
+        return None if value is None else validators.billing_day(value)
+
 
 class Override(_TierRate, Model):
-    """A client's own rate for one tier (and resource), until ``expires_at`` if set."""
+    """A rate of its own for one tier (and resource), until ``expires_at`` if set: for
+    one client, or for every caller of one ``tenant`` (a client's own wins)."""
 
     __tablename__ = "quota_overrides"
     __table_args__ = (
         UniqueConstraint("client_id", "tier", "resource"),
+        UniqueConstraint("tenant", "tier", "resource"),
         CheckConstraint(f"tier IN ({_TIERS})", name="tier"),
         CheckConstraint(_RESOURCE_CHECK, name="resource"),
+        CheckConstraint(_TARGET_CHECK, name="target"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    client_id: Mapped[int] = mapped_column(ForeignKey("quota_clients.id", ondelete="CASCADE"))
+    client_id: Mapped[int | None] = mapped_column(
+        ForeignKey("quota_clients.id", ondelete="CASCADE")
+    )
+    tenant: Mapped[str | None] = mapped_column(String(validators.TENANT_MAX))
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
-    client: Mapped[Client] = relationship(back_populates="overrides")
+    client: Mapped[Client | None] = relationship(back_populates="overrides")
+
+    @validates("tenant")
+    def _check_tenant(self, key: str, value: str | None) -> str | None:
+        return None if value is None else validators.tenant_name(value)
 
 
 class AuditEntry(Model):

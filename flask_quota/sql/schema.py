@@ -72,6 +72,8 @@ def create_and_seed(engine: Engine, *, owns_engine: bool, plans: Mapping[str, Pl
                 elif owns_engine and _unfinished(conn):
                     metadata.create_all(conn)  # only the missing tables (checkfirst)
                     _stamp(conn)
+                else:
+                    _check_revision(conn)
             with Session(engine) as session, session.begin():
                 _seed(session, plans)
             return
@@ -102,6 +104,21 @@ def _unfinished(conn: Any) -> bool:
     if VERSION_TABLE not in names:
         return True
     return bool(conn.scalar(text(f"SELECT COUNT(*) FROM {VERSION_TABLE}")) == 0)
+
+
+def _check_revision(conn: Any) -> None:
+    """Refuse tables stamped at another revision (an older flask-quota made them): their
+    columns are not the models'. Without our version table (a host's own migrations)
+    there is nothing to compare."""
+    if not inspect(conn).has_table(VERSION_TABLE):
+        return
+    stamped = conn.scalar(text(f"SELECT version_num FROM {VERSION_TABLE}"))
+    if stamped is not None and stamped != SCHEMA_REVISION:
+        raise TablesMissing(
+            f"flask-quota's tables are at revision {stamped}, this version needs "
+            f"{SCHEMA_REVISION}: run `flask quota db upgrade` (with Flask-Migrate: "
+            "`flask db upgrade`)"
+        )
 
 
 def _stamp(conn: Any) -> None:

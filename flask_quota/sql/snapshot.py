@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..core.identity import Identity
-from ..core.plans import Plan, PlanCatalog
+from ..core.plans import Limit, Plan, PlanCatalog
 from ..core.rates import Rate, Rates, parse_rates
 from ..core.tiers import Tier
 from . import apikeys
@@ -29,6 +29,7 @@ class KeyEntry:
     plan: str
     salt: str
     hash: str
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,23 +52,21 @@ class OverrideRule:
 
 
 def apply_overrides(plan: Plan, rules: Iterable[OverrideRule]) -> Plan:
-    """``plan`` with each rule's rate in place of the plan's own (the name stays)."""
-    global_rate, user_rate, resources = plan.global_rate, plan.user_rate, dict(plan.resources)
+    """``plan`` with each rule's rate in place of the plan's own (the name stays; a
+    later rule for the same tier and resource wins). Each limit keeps its mode."""
+    limits = list(plan.limits())
     for rule in rules:
-        if rule.tier is Tier.GLOBAL:
-            global_rate = rule.rate
-        elif rule.tier is Tier.USER:
-            user_rate = rule.rate
-        else:
-            resources[rule.resource] = rule.rate
-    return replace(plan, global_rate=global_rate, user_rate=user_rate, resources=resources)
+        mode = plan.mode_for(rule.tier, rule.resource or None)
+        limits.append(Limit(rule.tier, rule.resource, rule.rate, mode))
+    return Plan.of(plan.name, limits, description=plan.description, upgrade=plan.upgrade)
 
 
 class SqlCatalog(PlanCatalog):
-    """Plans, API keys and per-client overrides as of one database ``version``.
+    """Plans, API keys, clients and overrides as of one database ``version``.
 
-    ``resolve`` applies the caller's unexpired overrides; expiry is checked
-    against ``clock`` at request time, so an override ends on time without a reload.
+    ``resolve`` applies the caller's unexpired overrides: its tenant's, then its own
+    (which win); expiry is checked against ``clock`` at request time, so an override
+    ends on time without a reload.
     """
 
     def __init__(
@@ -78,40 +77,52 @@ class SqlCatalog(PlanCatalog):
         version: int = 0,
         keys: Mapping[str, tuple[KeyEntry, ...]] | None = None,
         overrides: Mapping[str, tuple[OverrideRule, ...]] | None = None,
+        tenant_overrides: Mapping[str, tuple[OverrideRule, ...]] | None = None,
         clients: Mapping[str, str] | None = None,
+        billing_days: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(plans, upgrade_url=upgrade_url)
         self.version = version
         self._keys = dict(keys or {})  # display prefix -> candidates
         self._overrides = dict(overrides or {})  # client id -> rules
+        self._tenant_overrides = dict(tenant_overrides or {})  # tenant -> rules
         self._clients = dict(clients or {})  # live client id -> plan name
+        self._billing_days = dict(billing_days or {})  # live client id -> its own day
         self._clock = clock
-        # (plan, client) -> (plan with overrides, valid until): one Plan per
+        # (plan, client, tenant) -> (plan with overrides, valid until): one Plan per
         # client rather than one per request; it expires with the next override.
-        self._resolved: dict[tuple[str, str], tuple[Plan, float]] = {}
+        self._resolved: dict[tuple[str, str | None, str | None], tuple[Plan, float]] = {}
 
-    def resolve(self, plan: str, identity_id: str | None, *, fallback: str) -> Plan:
+    def resolve(
+        self, plan: str, identity_id: str | None, *, fallback: str, tenant: str | None = None
+    ) -> Plan:
         base = self._plans.get(plan) or self._plans.get(fallback) or self._plans[self._order[0]]
-        rules = self._overrides.get(identity_id) if identity_id is not None else None
-        if identity_id is None or not rules:
+        own = self._overrides.get(identity_id, ()) if identity_id is not None else ()
+        shared = self._tenant_overrides.get(tenant, ()) if tenant is not None else ()
+        if not own and not shared:
             return base
         now = self._clock()
-        cached = self._resolved.get((base.name, identity_id))
+        key = (base.name, identity_id, tenant)
+        cached = self._resolved.get(key)
         if cached is not None and now < cached[1]:
             return cached[0]
-        live = [rule for rule in rules if rule.live(now)]
+        live = [rule for rule in (*shared, *own) if rule.live(now)]
         upcoming = [r.expires_at for r in live if r.expires_at is not None]
         resolved = apply_overrides(base, live) if live else base
-        self._resolved[(base.name, identity_id)] = (resolved, min(upcoming, default=math.inf))
+        self._resolved[key] = (resolved, min(upcoming, default=math.inf))
         return resolved
 
     def identify(self, api_key: str) -> Identity | None:
         """The client whose key this is, or ``None`` (unknown or revoked)."""
         for entry in self._keys.get(apikeys.prefix_of(api_key), ()):
             if apikeys.matches(api_key, entry.salt, entry.hash):
-                return Identity(entry.client_id, entry.plan)
+                return Identity(entry.client_id, entry.plan, entry.tenant)
         return None
+
+    def billing_day(self, identity_id: str) -> int | None:
+        """A live client's own billing day, or ``None`` (``QUOTA_BILLING_DAY``)."""
+        return self._billing_days.get(identity_id)
 
     def client_plan(self, client_id: str) -> str | None:
         """The plan of a live client, or ``None``."""

@@ -399,23 +399,34 @@ class SqlStore:
             plans = [plan_from_record(record) for record in records]
             keys: dict[str, list[KeyEntry]] = defaultdict(list)
             clients: dict[str, str] = {}
+            billing_days: dict[str, int] = {}
             live = session.execute(
                 select(
-                    Client.id, Client.key_prefix, Client.key_salt, Client.key_hash, PlanRecord.name
+                    Client.id, Client.key_prefix, Client.key_salt, Client.key_hash,
+                    PlanRecord.name, Client.tenant, Client.billing_day,
                 )
                 .join(PlanRecord, Client.plan_id == PlanRecord.id)
                 .where(Client.revoked_at.is_(None))
-            ).all()
-            for client_id, prefix, salt, digest, plan_name in live:
-                keys[prefix].append(key_entry(client_id, plan_name, salt, digest))
+            ).all()  # fmt: skip
+            for client_id, prefix, salt, digest, plan_name, tenant, billing_day in live:
+                keys[prefix].append(key_entry(client_id, plan_name, salt, digest, tenant))
                 clients[str(client_id)] = plan_name
+                if billing_day is not None:
+                    billing_days[str(client_id)] = billing_day
             overrides: dict[str, list[OverrideRule]] = defaultdict(list)
+            tenant_overrides: dict[str, list[OverrideRule]] = defaultdict(list)
             for row in session.scalars(
-                select(Override).join(Client).where(Client.revoked_at.is_(None))
+                select(Override)
+                .outerjoin(Client)
+                .where(Client.revoked_at.is_(None) | Override.client_id.is_(None))
             ):
                 rule = override_rule(row)
-                if rule is not None and rule.live(time.time()):
+                if rule is None or not rule.live(time.time()):
+                    continue
+                if row.client_id is not None:
                     overrides[str(row.client_id)].append(rule)
+                elif row.tenant is not None:
+                    tenant_overrides[row.tenant].append(rule)
         if not plans:
             configured = list(self.settings.plans.values())
             return SqlCatalog(configured, upgrade_url=self.settings.upgrade_url, version=-1)
@@ -432,7 +443,9 @@ class SqlStore:
             version=version,
             keys={prefix: tuple(entries) for prefix, entries in keys.items()},
             overrides={client: tuple(rules) for client, rules in overrides.items()},
+            tenant_overrides={tenant: tuple(rules) for tenant, rules in tenant_overrides.items()},
             clients=clients,
+            billing_days=billing_days,
         )
 
     def version(self) -> int:

@@ -136,7 +136,9 @@ def plan_of(
     else:
         client_plan = catalog.client_plan(caller.identity) if caller.identity else None
         name = plan or client_plan or seen_plan or settings.default_plan
-    return catalog.resolve(name, caller.identity, fallback=settings.default_plan)
+    return catalog.resolve(
+        name, caller.identity, fallback=settings.default_plan, tenant=caller.tenant
+    )
 
 
 def caller_checks(app: Flask, state: QuotaState, caller: Caller, plan: Plan) -> list[TierCheck]:
