@@ -132,3 +132,84 @@ def test_a_clients_own_override_wins_over_its_tenants(app: Flask) -> None:
     assert run(app, "overrides", "set", "--client", str(alice_id), "user", "3/hour").exit_code == 0
     assert statuses(app, [bob] * 3) == [200, 200, 429]
     assert statuses(app, [alice] * 4) == [200, 200, 200, 429]
+
+
+def test_a_clients_own_billing_day_moves_its_month(tmp_path: Path, database_url: str) -> None:
+    """`clients create --billing-day 25` on a 2/month plan, on 2026-03-20 (frozen): its
+    month ends on 2026-03-25, another client's on QUOTA_BILLING_DAY (April 1)."""
+    from datetime import UTC, datetime
+
+    from flask_quota.storage import MemoryStorage
+    from flask_quota.testing import FrozenClock
+
+    clock = FrozenClock(datetime(2026, 3, 20, 12, tzinfo=UTC).timestamp())
+    app = Flask(__name__, instance_path=str(tmp_path / "cal"))
+    app.config.update(
+        TESTING=True,
+        QUOTA_PLANS={"monthly": {"user": "2/month"}},
+        QUOTA_DEFAULT_PLAN="monthly",
+        QUOTA_ANONYMOUS_PLAN="monthly",
+        QUOTA_DATABASE_URL=database_url,
+        QUOTA_STATUS_URL="/rate_limit",
+    )
+    Quota(app, storage=MemoryStorage(clock))
+
+    @app.get("/items")
+    def items() -> str:
+        return "items"
+
+    try:
+        _, own = create(app, "own", "--plan", "monthly", "--billing-day", "25")
+        _, default = create(app, "default", "--plan", "monthly")
+        assert statuses(app, [own] * 3) == [200, 200, 429]
+        assert statuses(app, [default] * 3) == [200, 200, 429]
+        http = app.test_client()
+        reply = http.get("/items", headers={"X-API-Key": own})
+        own_reset = int(reply.headers["X-RateLimit-Reset"])
+        assert own_reset == int(datetime(2026, 3, 25, tzinfo=UTC).timestamp())
+        status = http.get("/rate_limit", headers={"X-API-Key": own}).get_json()
+        user = next(row for row in status["limits"] if row["tier"] == "user")
+        left = own_reset - int(clock.now_us // 1_000_000)
+        assert (user["remaining"], user["reset"]) == (0, left)  # its own month, read
+        clock.now_us = int(datetime(2026, 3, 25, 0, 0, 1, tzinfo=UTC).timestamp() * 1e6)
+        assert statuses(app, [own, default]) == [200, 429]
+        bad = run(app, "clients", "create", "x", "--plan", "monthly", "--billing-day", "32")
+        assert bad.exit_code != 0 and "billing day" in bad.output
+        listing = app.test_cli_runner().invoke(args=["quota", "clients", "list"]).output
+        assert re.search(r"own\s+monthly\s+-\s+25\s", listing), listing
+        assert not re.search(r"^\d+\s+x\s", listing, re.M)
+    finally:
+        sql_store(app).close()
+
+
+def test_tables_at_an_older_revision_are_refused_until_upgraded(
+    tmp_path: Path, database_url: str
+) -> None:
+    """Tables stamped 0001 (an older flask-quota made them) are refused with the command
+    that upgrades them; `flask quota db upgrade` does, and clients get tenants then."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.servers import ROOT
+
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("QUOTA_")},
+        "QUOTA_DATABASE_URL": database_url,
+    }
+
+    def quota(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "flask", "--app", "wsgi", "quota", *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    assert quota("db", "upgrade", "0001_quota_tables").returncode == 0
+    refused = quota("clients", "list")
+    assert refused.returncode != 0
+    assert "0001_quota_tables" in refused.stderr and "flask quota db upgrade" in refused.stderr
+    upgraded = quota("db", "upgrade")
+    assert upgraded.returncode == 0, upgraded.stderr
+    made = quota("clients", "create", "a", "--plan", "free", "--tenant", "acme", "--actor", "t")
+    assert made.returncode == 0, made.stderr
+    assert "of tenant 'acme'" in made.stdout

@@ -71,6 +71,18 @@ class TierCheck:
     resource: str | None = None  # the endpoint tier's resource
 
 
+def on_billing_day(tiers: tuple[TierCheck, ...], day: int) -> tuple[TierCheck, ...]:
+    """``tiers`` with their calendar months starting on ``day`` (a caller's own billing
+    day) instead of ``QUOTA_BILLING_DAY``."""
+    return tuple(
+        TierCheck(t.tier, t.name, replace(c, calendar=c.calendar.on_day(day)), t.resource)
+        if c.calendar is not None
+        else t
+        for t in tiers
+        for c in (t.check,)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class TierResult:
     tier: Tier

@@ -13,7 +13,6 @@ tier, metrics, ``quota.current_decision()``, the dashboard's usage).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from .algorithms import Outcome
 from .checks import Check, keyed, shown_limit
@@ -32,7 +31,15 @@ from .headers import (
 )
 from .near import room
 from .plans import Plan
-from .policy import Decision, LimitSpec, Policy, TierCheck, TierResult, gate_check
+from .policy import (
+    Decision,
+    LimitSpec,
+    Policy,
+    TierCheck,
+    TierResult,
+    gate_check,
+    on_billing_day,
+)
 from .reply import Reply
 from .tiers import Tier
 
@@ -117,13 +124,7 @@ class Route:
             found = object.__new__(Route)
             for name in Route.__slots__:
                 setattr(found, name, getattr(self, name))
-            found.tiers = tuple(
-                TierCheck(t.tier, t.name, replace(c, calendar=c.calendar.on_day(day)), t.resource)
-                if c.calendar is not None
-                else t
-                for t in self.tiers
-                for c in (t.check,)
-            )
+            found.tiers = on_billing_day(self.tiers, day)
             found.calls = (self.calls[0], *(t.check for t in found.tiers))
             found.billed = None  # already on its day
             if len(billed) < 31:

@@ -12,15 +12,15 @@ through its guard) as enforcement, and costs one round trip.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .algorithms import Outcome
-from .checks import Check, shown_limit
+from .checks import shown_limit
 from .clock import seconds_until
 from .enforcer import Enforcer, Facts
 from .errors import QuotaExceeded, QuotaUnavailable
-from .policy import Decision, LimitSpec, TierCheck, TierResult, gate_check
+from .policy import Decision, LimitSpec, TierCheck, TierResult, gate_check, on_billing_day
 from .reply import LocalReply
 from .tiers import Tier
 
@@ -102,9 +102,15 @@ def caller_status(
             if t.tier is Tier.ENDPOINT and t.check.key not in seen:
                 seen.add(t.check.key)
                 read.append(t)
+    identity = facts.identity
+    day = catalog.billing_day(identity.id) if identity is not None else None
+    if day is not None:  # the caller's months start on its own billing day
+        charged = list(on_billing_day(tuple(charged), day))
+        read = list(on_billing_day(tuple(read), day))
     calls = [gate_check(policy.keys, tag)]
     calls += [t.check for t in charged]
-    calls += [Check(c.key, c.algorithm, c.rate, 0, shadow=True) for c in (t.check for t in read)]
+    # Read as cost-0 shadow checks: never deny, never charge (a calendar stays on).
+    calls += [replace(t.check, cost=0, shadow=True) for t in read]
     keys = [c.key for c in calls]
     reply = enforcer.guard.decide_flat(calls, keys)
     if reply is None:  # failing open: the request may pass, but nothing was read
