@@ -198,7 +198,7 @@ def test_remove_one_rate(ops_app: Flask) -> None:
         ({"tier": "endpoint", "resource": "pdf"}, "no endpoint pdf rate to remove"),
         ({"tier": "global"}, "no global rate to remove"),
         ({"tier": "sideways"}, "unknown tier &#39;sideways&#39;"),
-        ({"tier": "endpoint"}, "needs --resource"),
+        ({"tier": "endpoint"}, "needs a resource, e.g. ai_inference"),
     ],
 )
 def test_bad_remove_is_refused_and_nothing_changes(
@@ -209,6 +209,7 @@ def test_bad_remove_is_refused_and_nothing_changes(
     before = snapshot(ops_app)
     status, html = post(http, "/quota/plans/free/unset", "/quota/plans", **form)
     assert status == 400 and message in html
+    assert "--resource" not in html  # the CLI's hint, not the dashboard's
     assert snapshot(ops_app) == before
 
 

@@ -15,6 +15,7 @@ from flask import current_app
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..core.tiers import Tier
+from ..core.validators import ResourceError
 from ..sql.admin import QuotaAdmin
 from ..sql.errors import AdminError, TablesMissing, database_error
 from ..sql.store import SqlStore
@@ -54,6 +55,14 @@ def _default_actor() -> str:
         return "unknown"
 
 
+def _hint(exc: Exception) -> str:
+    """The command-line way to fix a resource given or missing (core's text names none)."""
+    cause = exc.__cause__
+    if isinstance(cause, ResourceError):
+        return " (give --resource NAME)" if cause.needed else " (drop --resource)"
+    return ""
+
+
 def one_line_errors(command: F) -> F:
     """Known failures become ``Error: <message>`` and exit status 1."""
 
@@ -62,7 +71,7 @@ def one_line_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except (AdminError, TablesMissing) as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(str(exc) + _hint(exc)) from None
         except StorageError as exc:
             raise click.ClickException(f"the rate-limit storage did not answer: {exc}") from None
         except SQLAlchemyError as exc:

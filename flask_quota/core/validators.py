@@ -122,6 +122,15 @@ def rate_text(value: str | Rate | Rates) -> str:
     return str(parse_rates(value))
 
 
+class ResourceError(ValueError):
+    """A resource given where the tier takes none, or missing where it needs one
+    (``needed``); the text names no form field, so each interface adds its own hint."""
+
+    def __init__(self, message: str, *, needed: bool) -> None:
+        super().__init__(message)
+        self.needed = needed
+
+
 def tier_resource(tier: str, resource: str | None) -> tuple[Tier, str]:
     """A tier and its resource as plan limits and overrides store them.
 
@@ -131,10 +140,12 @@ def tier_resource(tier: str, resource: str | None) -> tuple[Tier, str]:
     parsed = tier_name(tier)
     if parsed is Tier.ENDPOINT:
         if not resource:
-            raise ValueError(
-                "the endpoint tier needs --resource NAME, e.g. --resource ai_inference"
+            raise ResourceError(
+                "the endpoint tier needs a resource, e.g. ai_inference", needed=True
             )
         return parsed, resource_name(resource)
     if resource:
-        raise ValueError(f"the {parsed.value} tier covers every resource; drop --resource")
+        raise ResourceError(
+            f"the {parsed.value} tier covers every resource; give none", needed=False
+        )
     return parsed, ""

@@ -61,7 +61,7 @@ def _checked(check: Callable[..., T], *args: Any) -> T:
     try:
         return check(*args)
     except ValueError as exc:
-        raise AdminError(str(exc)) from None
+        raise AdminError(str(exc)) from exc  # the cause tells an interface which hint fits
 
 
 def plan_name(value: str) -> str:
