@@ -118,8 +118,9 @@ def test_three_tiers_cost_one_round_trip(redis_server: RedisServer, tmp_path: An
 
 
 def test_a_tenant_tier_costs_no_round_trip_more(redis_server: RedisServer, tmp_path: Any) -> None:
-    """With the tenant tier in play (global, tenant, user and endpoint tiers), a request
-    still costs exactly one round trip, allowed or denied, and the tenant denies."""
+    """With the tenant tier and a calendar quota in play (global, tenant, user and a
+    N/month endpoint tier), a request still costs exactly one round trip, allowed or
+    denied, and the tenant denies."""
     client = counting_client(redis_server)
     client.flushall()
     app = Flask(__name__, instance_path=str(tmp_path))
@@ -129,9 +130,10 @@ def test_a_tenant_tier_costs_no_round_trip_more(redis_server: RedisServer, tmp_p
                 "global": "50/second",
                 "tenant": "3/minute",
                 "user": "100/minute",
-                "resources": {"ai": "10/minute"},
+                "resources": {"ai": "1000/month"},
             }
         },
+        QUOTA_TIMEZONE="Europe/Berlin",
     )
     quota = Quota(app, storage=RedisStorage(client, clock=FrozenClock()))
 
@@ -154,6 +156,8 @@ def test_a_tenant_tier_costs_no_round_trip_more(redis_server: RedisServer, tmp_p
         assert CountingConnection.sent - before == 1, who
     assert statuses == [200, 200, 429]
     assert response.get_json()["tier"] == "tenant"
+    policy = http.post("/infer", headers={"X-Client": "dave"}).headers["RateLimit-Policy"]
+    assert '"ai";q=1000;w=2678400' in policy  # the calendar month was one of the checks
 
 
 def test_client_input_cannot_choose_the_cluster_slot() -> None:
