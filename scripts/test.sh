@@ -29,8 +29,18 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+# pip install -e takes seconds even when nothing changed: run it only when the
+# package's metadata (dependencies, extras) changed since, or it never ran here.
+# The code needs no reinstall: the editable install reads it from this checkout.
+stamp=.venv/.test-install-stamp
+wanted="$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1) test"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ] \
+   || ! .venv/bin/python -c 'import importlib.metadata as m
+for name in ("flask-quota", "nox", "pytest-xdist"): m.version(name)' 2>/dev/null; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[test]'
+  echo "$wanted" > "$stamp"
+fi
 
 # A SQL server the SQL tests may use: $1 names it, $2 is the variable, $3 the script.
 sql_server() {
