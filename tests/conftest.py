@@ -8,6 +8,15 @@ uses a server fixture (``redis_server``, ``redis_client``, ``own_redis``,
 ``cluster``) twice, on redis-server and on valkey-server, through the fixture
 ``server_kind``; the Valkey runs carry the marker ``valkey`` (``-m valkey``
 selects them) and reach the server by ``valkey://`` URLs.
+
+SQL servers: a test run on PostgreSQL or MariaDB (a parameter naming ``postgresql`` or
+``mysql``, as tests/sqldb.py's DATABASES and the URLs do) carries the marker
+``postgresql`` or ``mysql``, so a nox session can leave the database's own behaviour to
+the main run (noxfile.py).
+
+``quiet``: a test that asserts wall-clock latencies (a request under a hung server
+takes at most so long). scripts/test.sh runs those alone, after everything else ran in
+parallel, so other tests' load does not fail them.
 """
 
 from __future__ import annotations
@@ -43,6 +52,28 @@ def pytest_configure(config: pytest.Config) -> None:
         "valkey-server (fixture server_kind)",
     )
     config.addinivalue_line("markers", "valkey: runs on a valkey-server (started by the tests)")
+    config.addinivalue_line("markers", "postgresql: runs on the PostgreSQL of the test run")
+    config.addinivalue_line("markers", "mysql: runs on the MariaDB / MySQL of the test run")
+    config.addinivalue_line(
+        "markers",
+        "quiet: asserts wall-clock latencies; scripts/test.sh runs these alone, not in parallel",
+    )
+
+
+_SQL_KINDS = ("postgresql", "mysql")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test's PostgreSQL and MariaDB variants with their server's name."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None:
+            continue
+        for value in callspec.params.values():
+            if isinstance(value, str):
+                for kind in _SQL_KINDS:
+                    if value.startswith(kind):
+                        item.add_marker(kind)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -30,7 +30,8 @@ from flask_quota.storage.breaker import DEFAULT_THRESHOLD
 from flask_quota.storage.redis import RedisStorage
 from tests.servers import RedisServer
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.also_valkey]
+# quiet: every test here bounds request latencies while Redis is down or hung.
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.also_valkey, pytest.mark.quiet]
 
 TIMEOUT = 0.2  # QUOTA_STORAGE_TIMEOUT of every app here
 MAX_LATENCY = 1.0  # no request may take longer while Redis is down or hung

@@ -25,7 +25,8 @@ from tests.conftest import _need_redis, need_server
 from tests.load import Flood, Reply, serve_many
 from tests.servers import Gunicorn, RedisServer, free_port
 
-pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.also_valkey]
+# quiet: the load tests here bound request latencies (MAX_LATENCY) under each fault.
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.also_valkey, pytest.mark.quiet]
 
 TIMEOUT = 0.25  # QUOTA_STORAGE_TIMEOUT
 MAX_LATENCY = 1.5  # a request's wall time, queueing behind 4 busy workers included

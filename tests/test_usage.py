@@ -363,18 +363,26 @@ def test_redis_usage_keys_are_bounded_for_50k_callers(redis_client: redis.Redis)
         assert 0 < redis_client.ttl(key) <= (HOUR + 1) * 60
 
 
+# Unique IPs of the flood below, and what may stay resident once it aged out. With
+# expired buckets never swept (MemoryStorage._sweep a no-op) 60k IPs leave ~18 MB
+# behind; bounded, 2-3 MB (allocator arenas kept by a few live objects), whether the
+# flood is 40k or 60k IPs. 200k IPs proved the same in 150 s; this takes a third.
+FLOOD_IPS = 60_000
+RESIDUE_BOUND = 8 * MB
+
+
 @pytest.mark.slow
-def test_200k_unique_ips_through_the_app_give_their_memory_back(tmp_path: Path) -> None:
-    """200k unique IPs through the test client (dashboard on, memory storage), in a
-    process of its own: once the flood has aged out, its resident memory is within 20%
-    of what it was before the flood."""
+def test_a_flood_of_unique_ips_through_the_app_gives_its_memory_back(tmp_path: Path) -> None:
+    """60k unique IPs through the test client (dashboard on, memory storage), in a
+    process of its own: once the flood has aged out, its resident memory is within
+    RESIDUE_BOUND of what it was before the flood."""
     import json
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run(
-        [sys.executable, "-m", "tests.apps.flood", "200000"],
+        [sys.executable, "-m", "tests.apps.flood", str(FLOOD_IPS)],
         cwd=root,
         capture_output=True,
         text=True,
@@ -384,7 +392,7 @@ def test_200k_unique_ips_through_the_app_give_their_memory_back(tmp_path: Path) 
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout)
     before, during, after = seen["before"], seen["during"], seen["after"]
-    assert after <= 1.2 * before, (
-        f"{after / MB:.0f} MB resident after the flood aged out, {before / MB:.0f} MB before "
-        f"({during / MB:.0f} MB at its end)"
+    assert after - before < RESIDUE_BOUND, (
+        f"{after / MB:.1f} MB resident after the flood aged out, {before / MB:.1f} MB before "
+        f"({during / MB:.1f} MB at its end)"
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -64,11 +65,30 @@ class Dists:
     wheel: Path
 
 
+def source_copy(directory: Path) -> Path:
+    """This checkout's files (git's, uncommitted ones included; nothing it ignores), symlinks
+    kept, in ``directory``: a build writes its egg-info into the tree it builds, and the nox
+    sessions scripts/test.sh installs meanwhile write the checkout's."""
+    listed = ok(run("git", "-C", ROOT, "ls-files", "-z", "--cached", "--others",
+                    "--exclude-standard"))  # fmt: skip
+    for name in filter(None, listed.split("\0")):
+        source, target = ROOT / name, directory / name
+        if not source.is_symlink() and not source.exists():
+            continue  # deleted, not yet committed
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            target.symlink_to(os.readlink(source))
+        else:
+            shutil.copy2(source, target)
+    return directory
+
+
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
     """The sdist and the wheel, built from this checkout as a release would be."""
     out = tmp_path_factory.mktemp("dist")
-    ok(run(sys.executable, "-m", "build", "--outdir", out, ROOT))
+    source = source_copy(tmp_path_factory.mktemp("source"))
+    ok(run(sys.executable, "-m", "build", "--outdir", out, source))
     [sdist] = out.glob("*.tar.gz")
     [wheel] = out.glob("*.whl")
     return Dists(sdist, wheel)
