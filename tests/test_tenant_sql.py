@@ -159,7 +159,7 @@ def test_a_clients_own_billing_day_moves_its_month(tmp_path: Path, database_url:
         return "items"
 
     try:
-        _, own = create(app, "own", "--plan", "monthly", "--billing-day", "25")
+        own_id, own = create(app, "own", "--plan", "monthly", "--billing-day", "25")
         _, default = create(app, "default", "--plan", "monthly")
         assert statuses(app, [own] * 3) == [200, 200, 429]
         assert statuses(app, [default] * 3) == [200, 200, 429]
@@ -171,6 +171,9 @@ def test_a_clients_own_billing_day_moves_its_month(tmp_path: Path, database_url:
         user = next(row for row in status["limits"] if row["tier"] == "user")
         left = own_reset - int(clock.now_us // 1_000_000)
         assert (user["remaining"], user["reset"]) == (0, left)  # its own month, read
+        with app.app_context():  # and so does an operator's peek
+            (bucket,) = app.extensions["quota"].quota.peek(str(own_id))
+            assert (bucket.remaining, bucket.reset_in) == (0, left)
         clock.now_us = int(datetime(2026, 3, 25, 0, 0, 1, tzinfo=UTC).timestamp() * 1e6)
         assert statuses(app, [own, default]) == [200, 429]
         bad = run(app, "clients", "create", "x", "--plan", "monthly", "--billing-day", "32")
@@ -213,3 +216,22 @@ def test_tables_at_an_older_revision_are_refused_until_upgraded(
     made = quota("clients", "create", "a", "--plan", "free", "--tenant", "acme", "--actor", "t")
     assert made.returncode == 0, made.stderr
     assert "of tenant 'acme'" in made.stdout
+
+
+def test_peek_and_reset_see_what_the_tenant_overrides_make(app: Flask) -> None:
+    """A tenant tier that only a tenant override gives (plan `free` has none) is peeked
+    and reset like a plan's; peeking at a client shows its tenant's override of its own
+    tier, read from SQL without naming the tenant."""
+    alice_id, alice = create(app, "alice", "--plan", "free", "--tenant", "acme")
+    assert run(app, "overrides", "set", "--tenant", "acme", "tenant", "3/minute").exit_code == 0
+    assert run(app, "overrides", "set", "--tenant", "acme", "user", "4/hour").exit_code == 0
+    assert statuses(app, [alice] * 4) == [200, 200, 200, 429]
+    quota = app.extensions["quota"].quota
+    with app.app_context():
+        (bucket,) = quota.peek(tenant="acme")
+        assert (bucket.tier, bucket.rate, bucket.remaining) == ("tenant", "3/minute", 0)
+        own = {b.tier: b for b in quota.peek(str(alice_id))}
+        assert (own["user"].rate, own["user"].remaining) == ("4/hour", 1)
+        assert own["tenant"].remaining == 0
+        assert quota.reset(tenant="acme") == 1
+    assert statuses(app, [alice]) == [200]

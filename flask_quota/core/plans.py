@@ -186,6 +186,10 @@ class PlanCatalog(Mapping[str, Plan]):
         """
         return self._plans.get(plan) or self._plans[fallback]
 
+    def client_tenant(self, client_id: str) -> str | None:
+        """The tenant of a known API client; a catalog without clients knows none."""
+        return None
+
     def billing_day(self, identity_id: str) -> int | None:
         """A caller's own day for ``N/month`` resets; ``None``: ``QUOTA_BILLING_DAY``."""
         return None

@@ -104,7 +104,7 @@ def caller_status(
                 read.append(t)
     identity = facts.identity
     day = catalog.billing_day(identity.id) if identity is not None else None
-    if day is not None:  # the caller's months start on its own billing day
+    if day is not None and 1 <= day <= 31:  # the caller's months start on its own day
         charged = list(on_billing_day(tuple(charged), day))
         read = list(on_billing_day(tuple(read), day))
     calls = [gate_check(policy.keys, tag)]

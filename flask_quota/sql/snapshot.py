@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from ..core.generations import Generations
 from ..core.identity import Identity
 from ..core.plans import Limit, Plan, PlanCatalog
 from ..core.rates import Rate, Rates, parse_rates
@@ -79,6 +80,7 @@ class SqlCatalog(PlanCatalog):
         overrides: Mapping[str, tuple[OverrideRule, ...]] | None = None,
         tenant_overrides: Mapping[str, tuple[OverrideRule, ...]] | None = None,
         clients: Mapping[str, str] | None = None,
+        client_tenants: Mapping[str, str] | None = None,
         billing_days: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -88,11 +90,15 @@ class SqlCatalog(PlanCatalog):
         self._overrides = dict(overrides or {})  # client id -> rules
         self._tenant_overrides = dict(tenant_overrides or {})  # tenant -> rules
         self._clients = dict(clients or {})  # live client id -> plan name
+        self._client_tenants = dict(client_tenants or {})  # live client id -> its tenant
         self._billing_days = dict(billing_days or {})  # live client id -> its own day
         self._clock = clock
         # (plan, client, tenant) -> (plan with overrides, valid until): one Plan per
-        # client rather than one per request; it expires with the next override.
-        self._resolved: dict[tuple[str, str | None, str | None], tuple[Plan, float]] = {}
+        # client rather than one per request; it expires with the next override. Bounded:
+        # an identity loader may name any number of callers of an overridden tenant.
+        self._resolved: Generations[tuple[str, str | None, str | None], tuple[Plan, float]] = (
+            Generations(4096)
+        )
 
     def resolve(
         self, plan: str, identity_id: str | None, *, fallback: str, tenant: str | None = None
@@ -104,13 +110,13 @@ class SqlCatalog(PlanCatalog):
             return base
         now = self._clock()
         key = (base.name, identity_id, tenant)
-        cached = self._resolved.get(key)
+        cached = self._resolved.current.get(key) or self._resolved.recall(key)
         if cached is not None and now < cached[1]:
             return cached[0]
         live = [rule for rule in (*shared, *own) if rule.live(now)]
         upcoming = [r.expires_at for r in live if r.expires_at is not None]
         resolved = apply_overrides(base, live) if live else base
-        self._resolved[key] = (resolved, min(upcoming, default=math.inf))
+        self._resolved.put(key, (resolved, min(upcoming, default=math.inf)))
         return resolved
 
     def identify(self, api_key: str) -> Identity | None:
@@ -119,6 +125,10 @@ class SqlCatalog(PlanCatalog):
             if apikeys.matches(api_key, entry.salt, entry.hash):
                 return Identity(entry.client_id, entry.plan, entry.tenant)
         return None
+
+    def client_tenant(self, client_id: str) -> str | None:
+        """The tenant of a live client, or ``None``."""
+        return self._client_tenants.get(client_id)
 
     def billing_day(self, identity_id: str) -> int | None:
         """A live client's own billing day, or ``None`` (``QUOTA_BILLING_DAY``)."""

@@ -400,6 +400,7 @@ class SqlStore:
             keys: dict[str, list[KeyEntry]] = defaultdict(list)
             clients: dict[str, str] = {}
             billing_days: dict[str, int] = {}
+            client_tenants: dict[str, str] = {}
             live = session.execute(
                 select(
                     Client.id, Client.key_prefix, Client.key_salt, Client.key_hash,
@@ -413,6 +414,8 @@ class SqlStore:
                 clients[str(client_id)] = plan_name
                 if billing_day is not None:
                     billing_days[str(client_id)] = billing_day
+                if tenant is not None:
+                    client_tenants[str(client_id)] = tenant
             overrides: dict[str, list[OverrideRule]] = defaultdict(list)
             tenant_overrides: dict[str, list[OverrideRule]] = defaultdict(list)
             for row in session.scalars(
@@ -445,6 +448,7 @@ class SqlStore:
             overrides={client: tuple(rules) for client, rules in overrides.items()},
             tenant_overrides={tenant: tuple(rules) for tenant, rules in tenant_overrides.items()},
             clients=clients,
+            client_tenants=client_tenants,
             billing_days=billing_days,
         )
 

@@ -16,7 +16,7 @@ from ..core.clock import seconds_until
 from ..core.identity import client_ip
 from ..core.keys import KeyBuilder, Tag
 from ..core.plans import Plan, PlanCatalog
-from ..core.policy import TierCheck
+from ..core.policy import TierCheck, on_billing_day
 from ..sql.admin import QuotaAdmin
 from ..state import QuotaState, limited_endpoints
 
@@ -137,15 +137,28 @@ def plan_of(
         client_plan = catalog.client_plan(caller.identity) if caller.identity else None
         name = plan or client_plan or seen_plan or settings.default_plan
     return catalog.resolve(
-        name, caller.identity, fallback=settings.default_plan, tenant=caller.tenant
+        name, caller.identity, fallback=settings.default_plan, tenant=_tenant(caller, catalog)
     )
 
 
+def _tenant(caller: Caller, catalog: PlanCatalog) -> str | None:
+    """The caller's tenant: as given, else its SQL client's (as its API key would say)."""
+    if caller.tenant is not None or caller.identity is None:
+        return caller.tenant
+    return catalog.client_tenant(caller.identity)
+
+
 def caller_checks(app: Flask, state: QuotaState, caller: Caller, plan: Plan) -> list[TierCheck]:
-    """Cost-0 checks over every bucket the request path can use for ``caller``."""
+    """Cost-0 checks over every bucket the request path can use for ``caller``, on its
+    own billing day and with its client's tenant when the catalog knows them."""
+    catalog = state.catalog()
     endpoints = limited_endpoints(app)
-    tenant_tag = KeyBuilder.tenant_tag(caller.tenant) if caller.tenant is not None else None
+    tenant = _tenant(caller, catalog)
+    tenant_tag = KeyBuilder.tenant_tag(tenant) if tenant is not None else None
     checks = state.policy.inspection_checks(plan, caller.tag, endpoints, tenant_tag)
+    day = catalog.billing_day(caller.identity) if caller.identity is not None else None
+    if day is not None and 1 <= day <= 31:
+        checks = list(on_billing_day(tuple(checks), day))
     if caller.ip_tag is not None and caller.ip_tag != caller.tag:  # the global tier is per IP
         ip_checks = state.policy.inspection_checks(plan, caller.ip_tag, [])
         checks[:0] = [c for c in ip_checks if c.name == "global"]
@@ -167,7 +180,9 @@ def tenant_checks(
     tag = KeyBuilder.tenant_tag(tenant)
     checks: dict[str, TierCheck] = {}
     for name in [plan] if plan is not None else list(catalog):
-        for check in state.policy.tenant_checks(catalog[name], tag):
+        # With the tenant's own overrides, as its callers' requests see the plan.
+        resolved = catalog.resolve(name, None, fallback=name, tenant=tenant)
+        for check in state.policy.tenant_checks(resolved, tag):
             checks.setdefault(check.check.key, check)
     return list(checks.values())
 
