@@ -140,6 +140,7 @@ def test_the_policy_never_builds_an_oversized_log(caplog: pytest.LogCaptureFixtu
 
 
 @pytest.mark.redis
+@pytest.mark.quiet  # SLOWLOG times each command on the server's wall clock
 def test_one_caller_cannot_grow_a_log_that_stalls_redis(
     tmp_path: Path, redis_client: redis.Redis
 ) -> None:
