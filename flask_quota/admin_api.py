@@ -36,6 +36,7 @@ from .tools.inspection import (
     peek,
     plan_of,
     reset,
+    tenant_checks,
 )
 
 __all__ = [
@@ -77,6 +78,7 @@ __all__ = [
     "reset",
     "seconds_until",
     "sql_reason",
+    "tenant_checks",
     "unblock",
     "wall_clock_us",
 ]
