@@ -29,15 +29,15 @@ def _checks(name: str) -> list[admin_api.TierCheck]:
 
 
 def _known(name: str) -> str:
-    """The tenant as stored (validated): a name no client or override could carry is
-    "no such tenant" (404), never an error page."""
+    """The tenant as stored: a name no client or override could carry is "no such
+    tenant" (404), never an error page; one with blanks around it redirects."""
     try:
-        admin().overrides(tenant=name)  # validates the name as the admin API does
-    except AdminError:
-        page = render_template("quota/not_found.html", tag=f"tenant {name[:100]}")
+        stored = admin_api.tenant_name(name)
+    except ValueError:
+        page = render_template("quota/not_found.html", tenant=name[:100])
         raise _NotFound(Response(page, 404, content_type="text/html")) from None
-    if name != name.strip():
-        raise _NotFound(redirect(url_for(".tenant_page", name=name.strip())))  # type: ignore[arg-type]
+    if stored != name:
+        raise _NotFound(redirect(url_for(".tenant_page", name=stored)))  # type: ignore[arg-type]
     return name
 
 

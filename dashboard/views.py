@@ -253,7 +253,7 @@ def _identity(tag: str) -> dict[str, Any]:
         a = admin()
         client = next((c for c in a.clients() if str(c.id) == client_id), None)
         if client is not None:
-            info["client"] = {"id": client.id, "name": client.name}
+            info["client"] = {"id": client.id, "name": client.name, "tenant": client.tenant}
             info["name"] = client.name
             info["plans"] = [p.name for p in a.plans()]
             info["overrides"] = a.overrides(client_id)

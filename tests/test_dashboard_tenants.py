@@ -105,6 +105,8 @@ def test_tenant_page_shows_clients_and_bucket_and_resets_it(app: Flask) -> None:
     assert remaining(http, "acme") == ["0"]
     assert remaining(http, "acme") == ["0"]  # reading did not charge
     assert remaining(http, "globex") == ["4"]
+    identity = http.get("/quota/identity/id=1", headers=OPS).get_data(as_text=True)
+    assert '<a id="tenant" href="/quota/tenant/acme">acme</a>' in identity
     page = http.get("/quota/tenant/acme", headers=OPS).get_data(as_text=True)
     clients = re.search(r'<table id="tenant-clients">.*?</table>', page, re.S)
     assert clients and ">alice</a>" in clients.group(0) and ">bob</a>" in clients.group(0)
@@ -132,7 +134,7 @@ def test_tenant_overrides_are_set_and_removed_from_its_page(app: Flask) -> None:
     status, page = post(http, "/quota/tenant/acme/override", "/quota/tenant/acme",
                         tier="user", rate="often")  # fmt: skip
     assert status == 400 and 'id="form-error"' in page
-    override_id = re.search(r'/quota/overrides/(\d+)/remove', page)
+    override_id = re.search(r"/quota/overrides/(\d+)/remove", page)
     assert override_id
     status, page = post(http, f"/quota/overrides/{override_id.group(1)}/remove",
                         "/quota/tenant/acme")  # fmt: skip
@@ -162,7 +164,10 @@ def test_tenant_names_are_escaped_and_bad_ones_are_not_found(app: Flask) -> None
     assert tenant_page.status_code == 200
     text = tenant_page.get_data(as_text=True)
     assert "<b>a/b" not in text and ">alice</a>" in text
-    assert http.get("/quota/tenant/" + "x" * 65, headers=OPS).status_code == 404
+    missing = http.get("/quota/tenant/" + "x" * 65, headers=OPS)
+    assert missing.status_code == 404 and b"No such tenant" in missing.data
+    padded = http.get("/quota/tenant/%20acme%20", headers=OPS)
+    assert padded.status_code == 302 and padded.headers["Location"].endswith("/quota/tenant/acme")
 
 
 def test_tenant_changes_need_the_csrf_token(app: Flask) -> None:
