@@ -127,11 +127,11 @@ def plans_page(error: str | None = None, status: int = 200) -> tuple[str, int]:
 
 
 def plan_matrix(plans: list[PlanInfo]) -> list[dict[str, Any]]:
-    """The plans as a table, like the seed's: one row per tier (global, user, then each
+    """The plans as a table, like the seed's: one row per tier (global, tenant, user, then each
     resource of the endpoint tier), one cell per plan in upgrade order (``None``: no rate)."""
     cells = {(p.name, x.tier, x.resource): x for p in plans for x in p.limits}
     resources = sorted({x.resource for p in plans for x in p.limits if x.resource})
-    rows = [(Tier.GLOBAL.value, ""), (Tier.USER.value, "")]
+    rows = [(Tier.GLOBAL.value, ""), (Tier.TENANT.value, ""), (Tier.USER.value, "")]
     rows += [(Tier.ENDPOINT.value, r) for r in resources]
     return [
         {
@@ -227,7 +227,12 @@ def clients_page(
 
 def client_create() -> Any:
     try:
-        info, key = admin().create_client(_field("name"), _field("plan"))
+        info, key = admin().create_client(
+            _field("name"),
+            _field("plan"),
+            tenant=_field("tenant") or None,
+            billing_day=_field("billing_day") or None,
+        )
     except AdminError as exc:
         return clients_page(str(exc), _status(exc))
     # The key is shown in this response only (no redirect, no-store): it is never stored.
@@ -251,6 +256,30 @@ def client_plan(client_id: str) -> Any:
         flash(f"Plan change refused: {exc}", "error")
         return _redisplay(client_id), _status(exc)
     flash(f"Client {info.name} is now on plan {info.plan}.", "ok")
+    return _back(client_id)
+
+
+def client_tenant(client_id: str) -> Any:
+    """Move a client to a tenant (an empty field: no tenant); audited as client.set_tenant."""
+    try:
+        info = admin().set_client_tenant(client_id, _field("tenant") or None)
+    except AdminError as exc:
+        flash(f"Tenant change refused: {exc}", "error")
+        return _redisplay(client_id), _status(exc)
+    where = f"in tenant {info.tenant}" if info.tenant else "in no tenant"
+    flash(f"Client {info.name} is now {where}.", "ok")
+    return _back(client_id)
+
+
+def client_billing_day(client_id: str) -> Any:
+    """A client's own billing day (an empty field: QUOTA_BILLING_DAY's); audited."""
+    try:
+        info = admin().set_client_billing_day(client_id, _field("billing_day") or None)
+    except AdminError as exc:
+        flash(f"Billing day change refused: {exc}", "error")
+        return _redisplay(client_id), _status(exc)
+    day = f"day {info.billing_day}" if info.billing_day else "the app's QUOTA_BILLING_DAY"
+    flash(f"Client {info.name}: monthly quotas reset on {day}.", "ok")
     return _back(client_id)
 
 
@@ -326,6 +355,8 @@ _VIEWS: list[tuple[str, Callable[..., Any], list[str]]] = [
     ("/clients/new", client_create, ["POST"]),
     ("/clients/<client_id>/revoke", client_revoke, ["POST"]),
     ("/clients/<client_id>/plan", client_plan, ["POST"]),
+    ("/clients/<client_id>/tenant", client_tenant, ["POST"]),
+    ("/clients/<client_id>/billing-day", client_billing_day, ["POST"]),
     ("/clients/<client_id>/override", client_override, ["POST"]),
     ("/audit", audit_page, ["GET"]),
 ]

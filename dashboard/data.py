@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, TypeVar
 
-from flask import Flask
+from flask import Flask, g
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -31,6 +31,7 @@ from flask_quota.admin_api import (
     caller_checks,
     client_ip,
     gate_check,
+    get_state,
     is_near,
     is_tag,
     peek,
@@ -300,8 +301,11 @@ def usage_minutes(state: QuotaState, reads: Reads, tag: str = "") -> list[Minute
     return reads.run(lambda: usage.sink.minutes(HOUR, now_minute(state)))
 
 
-def overview(app: Flask, state: QuotaState, reads: Reads) -> dict[str, Any]:
-    """Totals, the per-tier series of the last hour and the top identities.
+def overview(
+    app: Flask, state: QuotaState, reads: Reads, tenant_of: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Totals, the per-tier series of the last hour and the top identities; with
+    ``tenant_of`` (client tag -> tenant) also the requests of each tenant's clients.
 
     While the usage cannot be read, the counts are ``None`` (unknown, not zero)
     and ``usage`` says why.
@@ -320,6 +324,7 @@ def overview(app: Flask, state: QuotaState, reads: Reads) -> dict[str, Any]:
             "series": {},
             "top": [],
             "near_limit": [],
+            "tenants": [],
             "storage": reads.health(),
         }
     recent = minutes[-5:]
@@ -345,9 +350,39 @@ def overview(app: Flask, state: QuotaState, reads: Reads) -> dict[str, Any]:
         "series": series(minutes),
         "top": top,
         "near_limit": near,
+        "tenants": tenant_usage(minutes, tenant_of or {}),
         "storage": reads.health(),  # after the reads: one of them may have failed
         "sql": asdict(state.sql.health()),  # the snapshot's age, and whether it is stale
     }
+
+
+def tenant_usage(minutes: list[MinuteUsage], tenant_of: dict[str, str]) -> list[dict[str, Any]]:
+    """Requests of the last hour per tenant, busiest first, summed over its SQL clients.
+
+    The sink counts requests per identity only (the busiest ``TOP_KEPT`` of each
+    minute), not per tenant: so this is a lower bound when more identities are busy,
+    and callers whose tenant comes from the app's own identify function are not seen.
+    """
+    totals: Counter[str] = Counter()
+    for m in minutes:
+        for tag, count in m.identities.items():
+            tenant = tenant_of.get(tag)
+            if tenant is not None:
+                totals[tenant] += count
+    return [{"tenant": t, "requests": n} for t, n in totals.most_common()]
+
+
+def request_reads() -> Reads:
+    """This request's storage reads: one ping, and no more reads once one failed."""
+    reads: Reads | None = g.get("_quota_reads")
+    if reads is None:
+        reads = g._quota_reads = Reads(get_state())
+    return reads
+
+
+def failure_kind(exc: StorageError) -> str:
+    """The kind of storage failure, not its message: that may name the storage's URL."""
+    return type(exc.__cause__ or exc).__name__
 
 
 def near_limit(state: QuotaState) -> float:

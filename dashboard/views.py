@@ -21,6 +21,7 @@ from flask import (
     url_for,
 )
 from flask.blueprints import BlueprintSetupState
+from sqlalchemy.exc import SQLAlchemyError
 
 from flask_quota import admin_api
 from flask_quota.admin_api import (
@@ -28,6 +29,7 @@ from flask_quota.admin_api import (
     Caller,
     QuotaState,
     StorageError,
+    TablesMissing,
     Tag,
     exempt,
     get_state,
@@ -38,6 +40,7 @@ from . import chart, data, session
 from .admin_views import ADMIN_ROUTES, admin, client_id_of, database_errors
 from .auth import Authenticator, auth_from_config
 from .session import flash
+from .tenant_views import TENANT_ROUTES
 
 __all__ = ["BLUEPRINT_NAME", "make_blueprint"]
 
@@ -56,12 +59,8 @@ def _authenticator() -> Authenticator:
     return auth
 
 
-def _reads() -> data.Reads:
-    """This request's storage reads: one ping, and no more reads once one failed."""
-    reads: data.Reads | None = g.get("_quota_reads")
-    if reads is None:
-        reads = g._quota_reads = data.Reads(get_state())
-    return reads
+_reads = data.request_reads
+_failure = data.failure_kind
 
 
 def make_blueprint() -> Blueprint:
@@ -131,7 +130,7 @@ def make_blueprint() -> Blueprint:
     # and a database that cannot answer gives a page that says so, never a 500.
     for rule, view, methods in ROUTES:
         bp.add_url_rule(rule, view_func=exempt(database_errors(view)), methods=methods)
-    for rule, view, methods in ADMIN_ROUTES:
+    for rule, view, methods in ADMIN_ROUTES + TENANT_ROUTES:
         bp.add_url_rule(rule, view_func=exempt(view), methods=methods)
     return bp
 
@@ -144,7 +143,7 @@ def _app() -> Flask:
 def overview_page() -> str:
     return render_template(
         "quota/overview.html",
-        data=_overview(),
+        data=_overview(tenant_of=_tenant_of()),
         near_percent=round(100 * data.near_limit(get_state())),
     )
 
@@ -153,10 +152,22 @@ def overview_api() -> Response:
     return jsonify(_overview())
 
 
-def _overview() -> dict[str, Any]:
+def _tenant_of() -> dict[str, str] | None:
+    """Each SQL client's tag -> its tenant, for "usage by tenant" (one query, page only:
+    the overview's poll skips it); ``None`` while the database cannot say."""
+    try:
+        tenants = admin().tenants()
+    except (SQLAlchemyError, TablesMissing):
+        return None
+    return {f"id={c.id}": tenant for tenant, clients in tenants.items() for c in clients}
+
+
+def _overview(tenant_of: dict[str, str] | None = None) -> dict[str, Any]:
     """``data.overview``, with API clients named by their name rather than their id."""
     state = get_state()
-    found = data.overview(_app(), state, _reads())
+    found = data.overview(_app(), state, _reads(), tenant_of)
+    if tenant_of is None:  # the poll, or a database that did not answer: unknown, not none
+        found.pop("tenants")
     rows = found["top"] + found["near_limit"]
     names = _names(state, [row["tag"] for row in rows])
     for row in rows:
@@ -212,11 +223,6 @@ def _canonical(tag: str) -> str:
     return canonical
 
 
-def _failure(exc: StorageError) -> str:
-    """The kind of storage failure, not its message: that may name the storage's URL."""
-    return type(exc.__cause__ or exc).__name__
-
-
 def identity_search() -> Response:
     raw = request.args.get("q", "").strip()
     if not raw:
@@ -247,7 +253,7 @@ def _identity(tag: str) -> dict[str, Any]:
         a = admin()
         client = next((c for c in a.clients() if str(c.id) == client_id), None)
         if client is not None:
-            info["client"] = {"id": client.id, "name": client.name}
+            info["client"] = {"id": client.id, "name": client.name, "tenant": client.tenant}
             info["name"] = client.name
             info["plans"] = [p.name for p in a.plans()]
             info["overrides"] = a.overrides(client_id)

@@ -12,6 +12,7 @@ from .core.identity import client_ip
 from .core.keys import KeyBuilder, Tag
 from .core.near import is_near
 from .core.policy import gate_check
+from .core.validators import tenant_name
 from .sql.admin import PlanInfo, QuotaAdmin
 from .sql.errors import (
     PLANS_READ_ONLY,
@@ -36,6 +37,7 @@ from .tools.inspection import (
     peek,
     plan_of,
     reset,
+    tenant_checks,
 )
 
 __all__ = [
@@ -77,6 +79,8 @@ __all__ = [
     "reset",
     "seconds_until",
     "sql_reason",
+    "tenant_checks",
+    "tenant_name",
     "unblock",
     "wall_clock_us",
 ]

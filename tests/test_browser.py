@@ -347,8 +347,11 @@ def test_hostile_identity_is_text_and_csp_blocks_inline_script(demo: Demo, page:
     assert dialogs == []
 
 
+LONG_TENANT = "a-tenant-organisation-with-a-name-of-sixty-four-characters-tot"
+
+
 def test_no_horizontal_scroll_on_narrow_screens(browser: Browser, demo: Demo) -> None:
-    """At 1280 and 390 px, the overview, plans, clients, blocks and identity pages never
+    """At 1280 and 390 px, the overview, plans, clients, tenants, blocks and identity pages never
     scroll sideways (wide tables scroll inside their own box)."""
     long_name = "customer-with-a-really-long-identifier-" * 3
     for _ in range(6):
@@ -363,10 +366,11 @@ def test_no_horizontal_scroll_on_narrow_screens(browser: Browser, demo: Demo) ->
                 wait_for_top(demo, page, long_name)
                 page.goto(demo.url("/clients"))
                 page.get_by_label("Name").fill("A client with a fairly long name, Inc.")
+                page.get_by_label("Tenant (optional)").fill(LONG_TENANT)
                 page.get_by_role("button", name="Create and show its key").click()
                 expect(page.locator("#new-key")).to_be_visible()
             paths = ("/", "/plans", "/clients", "/blocks", "/identity/id=" + long_name,
-                     "/identity/id=1")  # fmt: skip
+                     "/identity/id=1", "/tenants", "/tenant/" + LONG_TENANT)  # fmt: skip
             for path in paths:
                 page.goto(demo.url(path))
                 if path == "/":

@@ -55,11 +55,11 @@ def snapshot(app: Flask) -> tuple[Any, ...]:
 
 
 def test_matrix_has_tiers_as_rows_and_plans_as_columns(ops_app: Flask) -> None:
-    """Rows: global, user, then each resource; columns: plans in upgrade order; a tier a
+    """Rows: global, tenant, user, then each resource; columns: plans in upgrade order; a tier a
     plan has no rate for shows an empty cell."""
     http = ops_app.test_client()
     assert columns(http) == ["free", "pro"]
-    assert rows(http) == ["global", "user", "endpoint:ai", "endpoint:pdf"]
+    assert rows(http) == ["global", "tenant", "user", "endpoint:ai", "endpoint:pdf"]
     assert cell(http, "free", "global") is None
     assert cell(http, "pro", "global") == "50/second"
     assert cell(http, "free", "endpoint:ai") == "2/minute"
@@ -103,7 +103,8 @@ def test_add_rate_form_names_the_plan_in_a_field(ops_app: Flask) -> None:
     status, _ = post(http, "/quota/plans/limit", "/quota/plans", plan="pro", tier="endpoint",
                      resource="bulk_search", rate="60/minute", algorithm="")  # fmt: skip
     assert status == 200
-    assert rows(http) == ["global", "user", "endpoint:ai", "endpoint:bulk_search", "endpoint:pdf"]
+    endpoints = ["endpoint:ai", "endpoint:bulk_search", "endpoint:pdf"]
+    assert rows(http) == ["global", "tenant", "user", *endpoints]
     assert cell(http, "pro", "endpoint:bulk_search") == "60/minute"
     assert cell(http, "free", "endpoint:bulk_search") is None
 
