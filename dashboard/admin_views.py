@@ -31,6 +31,7 @@ from flask_quota.admin_api import (
     PLANS_READ_ONLY,
     AdminError,
     ChangeConflict,
+    ClientInfo,
     PlanInfo,
     PlansReadOnly,
     QuotaAdmin,
@@ -250,36 +251,44 @@ def client_revoke(client_id: str) -> Any:
 
 
 def client_plan(client_id: str) -> Any:
-    try:
-        info = admin().set_client_plan(client_id, _field("plan"))
-    except AdminError as exc:
-        flash(f"Plan change refused: {exc}", "error")
-        return _redisplay(client_id), _status(exc)
-    flash(f"Client {info.name} is now on plan {info.plan}.", "ok")
-    return _back(client_id)
+    return _client_edit(
+        client_id, "Plan", lambda: admin().set_client_plan(client_id, _field("plan")),
+        lambda info: f" is now on plan {info.plan}",
+    )  # fmt: skip
 
 
 def client_tenant(client_id: str) -> Any:
     """Move a client to a tenant (an empty field: no tenant); audited as client.set_tenant."""
-    try:
-        info = admin().set_client_tenant(client_id, _field("tenant") or None)
-    except AdminError as exc:
-        flash(f"Tenant change refused: {exc}", "error")
-        return _redisplay(client_id), _status(exc)
-    where = f"in tenant {info.tenant}" if info.tenant else "in no tenant"
-    flash(f"Client {info.name} is now {where}.", "ok")
-    return _back(client_id)
+    return _client_edit(
+        client_id, "Tenant",
+        lambda: admin().set_client_tenant(client_id, _field("tenant") or None),
+        lambda info: f" is now in tenant {info.tenant}" if info.tenant else " is now in no tenant",
+    )  # fmt: skip
 
 
 def client_billing_day(client_id: str) -> Any:
     """A client's own billing day (an empty field: QUOTA_BILLING_DAY's); audited."""
+
+    def said(info: ClientInfo) -> str:
+        day = f"day {info.billing_day}" if info.billing_day else "the app's QUOTA_BILLING_DAY"
+        return f": monthly quotas reset on {day}"
+
+    return _client_edit(
+        client_id, "Billing day",
+        lambda: admin().set_client_billing_day(client_id, _field("billing_day") or None), said,
+    )  # fmt: skip
+
+
+def _client_edit(
+    client_id: str, what: str, change: Callable[[], ClientInfo], said: Callable[[ClientInfo], str]
+) -> Any:
+    """One client edit from a form: flash what it did, or redisplay with why not."""
     try:
-        info = admin().set_client_billing_day(client_id, _field("billing_day") or None)
+        info = change()
     except AdminError as exc:
-        flash(f"Billing day change refused: {exc}", "error")
+        flash(f"{what} change refused: {exc}", "error")
         return _redisplay(client_id), _status(exc)
-    day = f"day {info.billing_day}" if info.billing_day else "the app's QUOTA_BILLING_DAY"
-    flash(f"Client {info.name}: monthly quotas reset on {day}.", "ok")
+    flash(f"Client {info.name}{said(info)}.", "ok")
     return _back(client_id)
 
 

@@ -13,7 +13,7 @@ from .core.keys import KeyBuilder, Tag
 from .core.near import is_near
 from .core.policy import gate_check
 from .core.validators import tenant_name
-from .sql.admin import PlanInfo, QuotaAdmin
+from .sql.admin import ClientInfo, PlanInfo, QuotaAdmin
 from .sql.errors import (
     PLANS_READ_ONLY,
     AdminError,
@@ -51,6 +51,7 @@ __all__ = [
     "ChangeConflict",
     "Check",
     "Client",
+    "ClientInfo",
     "KeyBuilder",
     "Mark",
     "MemoryStorage",

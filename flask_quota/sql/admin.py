@@ -377,50 +377,41 @@ class QuotaAdmin:
     def set_client_plan(self, client_id: int | str, plan: str) -> ClientInfo:
         """Move a client to another plan."""
 
-        def apply(session: Session) -> ClientInfo:
-            client = _client(session, client_id)
-            before = client_dict(client_info(client))
+        def move(session: Session, client: Client) -> None:
             client.plan = _plan(session, plan)
-            session.flush()
-            info = client_info(client)
-            self._audit(
-                session, "client.set_plan", f"client:{client.id}", before, client_dict(info)
-            )
-            return info
 
-        return self._change(apply, f"client {client_id}")
+        return self._edit_client(client_id, "client.set_plan", move)
 
     def set_client_tenant(self, client_id: int | str, tenant: str | None) -> ClientInfo:
         """Move a client to another tenant (``None``: no tenant)."""
         tenant_ = inputs.tenant(tenant)
 
-        def apply(session: Session) -> ClientInfo:
-            client = _client(session, client_id)
-            before = client_dict(client_info(client))
+        def move(session: Session, client: Client) -> None:
             client.tenant = tenant_
-            session.flush()
-            info = client_info(client)
-            self._audit(
-                session, "client.set_tenant", f"client:{client.id}", before, client_dict(info)
-            )
-            return info
 
-        return self._change(apply, f"client {client_id}")
+        return self._edit_client(client_id, "client.set_tenant", move)
 
     def set_client_billing_day(self, client_id: int | str, day: int | str | None) -> ClientInfo:
         """Set the day a client's ``N/month`` quotas reset on (``None``: QUOTA_BILLING_DAY)."""
         day_ = inputs.billing_day(day)
 
+        def move(session: Session, client: Client) -> None:
+            client.billing_day = day_
+
+        return self._edit_client(client_id, "client.set_billing_day", move)
+
+    def _edit_client(
+        self, client_id: int | str, action: str, edit: Callable[[Session, Client], None]
+    ) -> ClientInfo:
+        """One audited change of a client row: ``edit`` sets the new values."""
+
         def apply(session: Session) -> ClientInfo:
             client = _client(session, client_id)
             before = client_dict(client_info(client))
-            client.billing_day = day_
+            edit(session, client)
             session.flush()
             info = client_info(client)
-            self._audit(
-                session, "client.set_billing_day", f"client:{client.id}", before,
-                client_dict(info),
-            )  # fmt: skip
+            self._audit(session, action, f"client:{client.id}", before, client_dict(info))
             return info
 
         return self._change(apply, f"client {client_id}")
