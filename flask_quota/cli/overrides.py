@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import click
 from flask.cli import AppGroup
 
@@ -9,6 +12,8 @@ from ..sql.inputs import parse_duration
 from .common import RAW, TIER_CHOICE, actor_option, admin_for, one_line_errors, table, when
 
 __all__ = ["overrides_cli"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 overrides_cli = AppGroup(
     "overrides", help="Per-client and per-tenant rates that win over the plan's."
@@ -38,15 +43,28 @@ def _set(
     click.echo(f"override {info.id}: {target} {where} {info.rate}{until}")
 
 
+def _rate_arguments(command: F) -> F:
+    """TIER RATE [--resource] [--expires] [--actor], shared by `set` and `add`."""
+    for decorate in reversed(
+        (
+            click.argument("tier", type=TIER_CHOICE),
+            click.argument("rate"),
+            click.option("--resource", help="The resource of an endpoint-tier override."),
+            click.option(
+                "--expires", help="Lifetime, e.g. 30m, 12h, 7d, 2w; default: until removed."
+            ),
+            actor_option,
+            one_line_errors,
+        )
+    ):
+        command = decorate(command)
+    return command
+
+
 @overrides_cli.command("set", context_settings=RAW)
 @click.option("--client", "client_id", metavar="ID", help="The client the rate is for.")
 @click.option("--tenant", help="The tenant whose every caller the rate is for.")
-@click.argument("tier", type=TIER_CHOICE)
-@click.argument("rate")
-@click.option("--resource", help="The resource of an endpoint-tier override.")
-@click.option("--expires", help="Lifetime, e.g. 30m, 12h, 7d, 2w; default: until removed.")
-@actor_option
-@one_line_errors
+@_rate_arguments
 def overrides_set(
     client_id: str | None,
     tenant: str | None,
@@ -63,12 +81,7 @@ def overrides_set(
 
 @overrides_cli.command("add", context_settings=RAW)
 @click.argument("client_id", metavar="CLIENT")
-@click.argument("tier", type=TIER_CHOICE)
-@click.argument("rate")
-@click.option("--resource", help="The resource of an endpoint-tier override.")
-@click.option("--expires", help="Lifetime, e.g. 30m, 12h, 7d, 2w; default: until removed.")
-@actor_option
-@one_line_errors
+@_rate_arguments
 def overrides_add(
     client_id: str, tier: str, rate: str, resource: str | None, expires: str | None, actor: str
 ) -> None:
