@@ -17,14 +17,17 @@ range we declare. Each session runs what can differ there, not the whole suite a
   Flask, Werkzeug, click, redis-py, SQLAlchemy and Alembic are under nearly every test,
   and the SQL dialects are SQLAlchemy's own code, so every fast test but the Valkey
   variants (the same redis-py calls as their Redis twins, to a server the main run
-  covers).
+  covers), and the ``user_flow`` tests on SQLite only (Alembic's autogenerate is the
+  dependency under test; the other databases' dialects run in the SQL tests).
 
 "Fast" is the marker expression ``FAST``: everything but the tests that start
-gunicorn, kill servers or build the package (``slow``) and the Chromium tests
-(``browser``); scripts/test.sh runs those once, on the main interpreter. The
-interpreters are looked up on PATH as ``python3.X``; pyenv's installed versions
-are added to it, so a machine with pyenv needs no shims. Outside CI a missing
-interpreter skips its sessions (nox says so); with CI=true it fails them.
+gunicorn, kill servers or build the package (``slow``), the Chromium tests
+(``browser``) and the ``once`` tests (bounds on our own code's memory under a
+flood, the same everywhere; tracemalloc makes them the slowest of the rest);
+scripts/test.sh runs those once, on the main interpreter. The interpreters are
+looked up on PATH as ``python3.X``; pyenv's installed versions are added to it, so
+a machine with pyenv needs no shims. Outside CI a missing interpreter skips its
+sessions (nox says so); with CI=true it fails them.
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ from pathlib import Path
 import nox
 
 PYTHONS = ["3.11", "3.12", "3.13"]
-FAST = "not slow and not browser"
-PER_PYTHON = f"{FAST} and not valkey and not postgresql and not mysql"
-PER_DEPENDENCY = f"{FAST} and not valkey"
+FAST = "not slow and not browser and not once"
+PER_PYTHON = f"{FAST} and not user_flow and not valkey and not postgresql and not mysql"
+PER_DEPENDENCY = f"{FAST} and not valkey and not (user_flow and (postgresql or mysql))"
 ROOT = Path(__file__).parent
 
 nox.options.sessions = ["tests", "lowest", "latest"]

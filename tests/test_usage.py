@@ -260,6 +260,7 @@ def traced() -> Iterator[Callable[[], int]]:
         tracemalloc.stop()
 
 
+@pytest.mark.once
 def test_a_flood_of_unique_identities_stays_bounded_and_ages_out(
     traced: Callable[[], int],
 ) -> None:
@@ -306,6 +307,7 @@ def test_a_flush_costs_what_changed_not_what_is_held() -> None:
     assert min(timings) < 0.005, f"a one-count flush took {min(timings):.4f} s at best"
 
 
+@pytest.mark.once
 def test_a_flood_through_the_app_ages_out_of_memory(
     tmp_path: Path, traced: Callable[[], int]
 ) -> None:
