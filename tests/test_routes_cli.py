@@ -16,6 +16,8 @@ from flask_quota import Quota
 from flask_quota.core.plans import catalog_from_config
 from flask_quota.core.policy import LimitSpec
 from flask_quota.core.rates import parse_rates
+from flask_quota.sql.admin import QuotaAdmin
+from flask_quota.sql.store import DEFAULT_DATABASE_FILE
 from flask_quota.tools.routes import plan_tiers, route_rows
 
 
@@ -217,3 +219,39 @@ def test_the_command_is_in_the_quota_group_and_says_when_limits_are_off(app: Fla
     result = invoke(app)
     assert "QUOTA_ENABLED is off" in result.stderr
     assert line_of(result.stdout, "/x")[:3] == ["/x", "GET", "x"]
+
+
+def test_an_app_without_quota_tables_gets_none_made_and_its_configured_plans(
+    app: Flask,
+) -> None:
+    """Listing changes nothing: an app that keeps no quota tables (no QUOTA_DATABASE_URL,
+    no dashboard, no file yet) is shown QUOTA_PLANS, and no SQLite file appears (one would
+    make the database, not QUOTA_PLANS, own the plans at the next start)."""
+    app.config["QUOTA_PLANS"] = {"solo": {"user": "7/minute"}}
+    app.config.update(QUOTA_DEFAULT_PLAN="solo", QUOTA_ANONYMOUS_PLAN="solo")
+    Quota(app)
+    found = json.loads(invoke(app, "--json").stdout)
+    assert found["plans"] == {
+        "solo": {"global": None, "tenant": None, "user": "7/minute", "concurrent": None}
+    }
+    assert not (Path(app.instance_path) / DEFAULT_DATABASE_FILE).exists()
+
+
+def test_plans_edited_in_the_quota_tables_are_the_ones_shown(tmp_path: Path) -> None:
+    """With quota tables, the plans are read from them, as the servers enforce them."""
+    url = f"sqlite:///{tmp_path / 'quota.sqlite3'}"
+    app = Flask(__name__, instance_path=str(tmp_path / "instance"))
+    app.config.update(QUOTA_DATABASE_URL=url, QUOTA_PLANS={"free": {"user": "7/minute"}})
+    quota = Quota(app)
+    app.add_url_rule("/s", "s", quota.limit("1/second", resource="s")(lambda: "s"))
+    try:
+        with app.app_context():
+            QuotaAdmin(app.extensions["quota"].sql, actor="t").set_plan_limit(
+                "free", "endpoint", "9/minute", resource="s"
+            )
+        found = json.loads(invoke(app, "--json").stdout)
+        assert found["plans"]["free"]["user"] == "7/minute"
+        routes = {route["rule"]: route for route in found["routes"]}
+        assert routes["/s"]["limits"][0]["plans"] == {"free": "9/minute"}
+    finally:
+        app.extensions["quota"].sql.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import click
 from flask import Flask, current_app
@@ -14,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from ..core.plans import PlanCatalog
 from ..core.policy import LimitSpec
 from ..sql.errors import TablesMissing
+from ..sql.store import DEFAULT_DATABASE_FILE
 from ..state import EXEMPT_ATTR, QuotaState
 from ..tools.routes import LimitsOf, as_json, plan_tiers, route_rows
 from .common import app_state, table
@@ -30,7 +32,7 @@ def routes(as_json_: bool) -> None:
     """List every URL rule with the limits that apply to it: why a request got 429."""
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
     state = app_state()
-    catalog = _catalog(state)
+    catalog = _catalog(app, state)
     rows = route_rows(
         app.url_map.iter_rules(), _limits_of(app, state), catalog, state.settings.exempt_methods
     )
@@ -65,8 +67,11 @@ def routes(as_json_: bool) -> None:
     table(lines, ["RULE", "METHODS", "ENDPOINT", "LIMIT", "RATE", "COST", "FLAGS", *plans])
 
 
-def _catalog(state: QuotaState) -> PlanCatalog:
-    """The plans requests are decided with: SQL's, else (database down) the configured ones."""
+def _catalog(app: Flask, state: QuotaState) -> PlanCatalog:
+    """The plans requests are decided with: the quota tables' when the app keeps them,
+    else (or with the database down) the configured ones."""
+    if not _keeps_tables(app, state):
+        return state.settings.plans
     try:
         return state.sql.load()  # fresh: a CLI process starts no poller
     except (SQLAlchemyError, TablesMissing) as exc:
@@ -77,6 +82,19 @@ def _catalog(state: QuotaState) -> PlanCatalog:
             err=True,
         )
         return state.settings.plans
+
+
+def _keeps_tables(app: Flask, state: QuotaState) -> bool:
+    """Whether the servers read the plans from SQL (as ``SqlStore.autostart`` decides).
+
+    Without a database URL, ``db=`` or the dashboard, the default SQLite file is made
+    only when something needs it; listing must not make it, or the database would own
+    the plans from the next start on.
+    """
+    settings, store = state.settings, state.sql
+    if settings.database_url is not None or not store.owns_engine or settings.dashboard_url:
+        return True
+    return (Path(app.instance_path) / DEFAULT_DATABASE_FILE).is_file()
 
 
 def _limits_of(app: Flask, state: QuotaState) -> LimitsOf:
