@@ -58,7 +58,7 @@ def test_renamed_limit_and_remaining_replace_the_old_names_on_200_and_429(
 def test_every_header_can_be_renamed_including_the_429s_retry_after(
     app: Flask, clock: FrozenClock
 ) -> None:
-    assert set(EVERY) == set(RENAMEABLE)
+    assert set(EVERY) == set(RENAMEABLE)  # a header we add to RENAMEABLE joins EVERY
     _, client = limited_app(app, clock, QUOTA_HEADER_NAMES=EVERY)
     client.get("/r")
     denied = client.get("/r")
@@ -136,6 +136,7 @@ def test_json_from_the_environment_is_read(app: Flask, clock: FrozenClock) -> No
         ({"X-RateLimit-Limit": "X-A\r\nSet-Cookie: a=b"}, r"\['X-RateLimit-Limit'\].*line break"),
         ({"X-RateLimit-Limit": ""}, r"\['X-RateLimit-Limit'\].*not a valid header name"),
         ({"X-RateLimit-Limit": 3}, r"\['X-RateLimit-Limit'\].*not a valid header name"),
+        ({"Retry-After": "content-type"}, r"\['Retry-After'\].*overwrite the response's own"),
         (
             {"X-RateLimit-Limit": "X-Q", "X-RateLimit-Remaining": "x-q"},
             r"'X-RateLimit-Limit' and 'X-RateLimit-Remaining' would both be sent as",

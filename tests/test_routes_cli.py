@@ -255,3 +255,15 @@ def test_plans_edited_in_the_quota_tables_are_the_ones_shown(tmp_path: Path) -> 
         assert routes["/s"]["limits"][0]["plans"] == {"free": "9/minute"}
     finally:
         app.extensions["quota"].sql.close()
+
+
+def test_the_operations_page_shows_the_demos_real_output(demo: Flask) -> None:
+    """Every line of docs/operations.md's `flask quota routes` excerpt is a line the demo
+    prints (columns compared cell by cell; the page leaves the dashboard's rows out)."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text("utf-8")
+    excerpt = page.split("$ flask --app wsgi quota routes", 1)[1].split("```", 1)[0]
+    shown = [line.split() for line in excerpt.splitlines()[1:] if line.strip() not in ("", "...")]
+    printed = [line.split() for line in invoke(demo).stdout.splitlines()]
+    assert len(shown) >= 8
+    for cells in shown:
+        assert cells in printed, " ".join(cells)

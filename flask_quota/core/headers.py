@@ -152,6 +152,11 @@ def apply_headers(
 # RFC 9110 field names are tokens: no spaces, colons or line breaks.
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CANONICAL = {name.lower(): name for name in RENAMEABLE}
+# Headers with a meaning of their own to HTTP or the browser: ours must not overwrite them.
+_RESERVED = frozenset(
+    ("content-type", "content-length", "content-encoding", "transfer-encoding", "connection",
+     "location", "set-cookie", "cache-control", "vary", "date", "www-authenticate")
+)  # fmt: skip
 
 
 def header_names(value: object, key: str = "QUOTA_HEADER_NAMES") -> dict[str, str] | None:
@@ -188,6 +193,8 @@ def header_names(value: object, key: str = "QUOTA_HEADER_NAMES") -> dict[str, st
                 f"{where} is not a valid header name: use letters, digits and '-', "
                 "e.g. 'X-Quota-Limit'"
             )
+        if target.lower() in _RESERVED:
+            raise ValueError(f"{where} would overwrite the response's own {target} header")
         renamed[ours] = target
     sent: dict[str, str] = {}  # lower-cased name on the wire -> our header sent under it
     for ours in RENAMEABLE:
