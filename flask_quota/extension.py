@@ -19,7 +19,7 @@ from .cli import quota_cli
 from .core import validators
 from .core.enforcer import Decided, Enforcer, Facts, limit_hooks
 from .core.errors import InvalidApiKey, QuotaExceeded
-from .core.headers import apply_headers, rate_limit_headers
+from .core.headers import ENVIRON_KEY, RETRY_AFTER, apply_headers, rate_limit_headers
 from .core.identity import Identity, plausible_api_key
 from .core.keys import KeyBuilder, remote_ip_tag
 from .core.observers import combined
@@ -386,6 +386,8 @@ class Quota:
         app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
         state: QuotaState = app.extensions["quota"]  # there: init_app registered this hook
         settings = state.settings
+        if settings.header_names:  # for the headers of the errors we raise (errors.py)
+            req.environ[ENVIRON_KEY] = settings.header_names
         if not settings.enabled or req.method in settings.exempt_methods:
             return
         for check in self._request_filters:
@@ -442,23 +444,27 @@ class Quota:
     def _after_request(self, response: Response) -> Response:
         scope = g._get_current_object()
         denial: QuotaExceeded | None = scope.__dict__.pop("_quota_denial", None)
-        if denial is not None and "Retry-After" not in response.headers:
-            # The app's own @app.errorhandler(QuotaExceeded) answered: the wait still holds
-            # (a block's rest, not the tier's, when this request was blocked).
-            response.headers["Retry-After"] = str(denial.retry_after)
+        if denial is not None:
+            names = current_app.extensions["quota"].settings.header_names
+            wait = names.get(RETRY_AFTER, RETRY_AFTER) if names else RETRY_AFTER
+            if wait not in response.headers:
+                # The app's own @app.errorhandler(QuotaExceeded) answered: the wait still
+                # holds (a block's rest, not the tier's, when this request was blocked).
+                response.headers[wait] = str(denial.retry_after)
         decided: Decided | None = scope.__dict__.pop("_quota", None)
         if decided is None:
             return response
         state: QuotaState = current_app.extensions["quota"]
         mode, headers, spec = state.settings.headers, response.headers, decided.spec
+        names = state.settings.header_names
         decision = None
         extra: int = scope.__dict__.pop("_quota_extra", 0)
         if spec is not None and decided.reply.all_allowed and (spec.charge_when or extra):
             counted = spec.charge_when is None or bool(spec.charge_when(response))
             decision = state.enforcer.settle(decided, counted=counted, extra=extra)
-            apply_headers(headers, rate_limit_headers(decision, mode))
+            apply_headers(headers, rate_limit_headers(decision, mode), names)
         else:
-            apply_headers(headers, decided.route.headers(decided.reply, mode))
+            apply_headers(headers, decided.route.headers(decided.reply, mode), names)
         if state.usage is not None:
             decision = decision or decided.decision()
             state.usage.record(decided.tag, decision.plan, decision.usage_outcomes())

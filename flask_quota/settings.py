@@ -14,7 +14,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from .core.algorithms import Algorithm
 from .core.calendar import Calendar
-from .core.headers import HeaderMode
+from .core.headers import HeaderMode, header_names
 from .core.plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
 from .core.rates import ACCEPTED, Rate, parse_rate
 from .storage.breaker import DEFAULT_THRESHOLD
@@ -69,6 +69,7 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_NEAR_LIMIT": 0.8,  # share of a bucket used that fires signals.quota_near_limit
     "QUOTA_TIMEZONE": "UTC",  # N/month and N/year windows follow this zone's calendar
     "QUOTA_BILLING_DAY": 1,  # day of the month a N/month quota resets (1-31, clamped)
+    "QUOTA_HEADER_NAMES": None,  # e.g. {"X-RateLimit-Limit": "X-Quota-Limit"}: renames ours
 }
 
 # What each key means: the configuration reference (README, docs and init_app's
@@ -155,6 +156,12 @@ DOCS["QUOTA_BILLING_DAY"] = (
     "``QUOTA_TIMEZONE``; a day past the month's end means its last day (31: April 30). "
     "Years start on January 1."
 )
+DOCS["QUOTA_HEADER_NAMES"] = (
+    'Our headers under other names, as a dict (or JSON): ``{"X-RateLimit-Limit": '
+    '"X-Quota-Limit"}``. Any of ``X-RateLimit-Limit``, ``-Remaining``, ``-Reset``, '
+    "``-Resource``, ``RateLimit``, ``RateLimit-Policy`` and ``Retry-After`` (on 429 and "
+    "503 too); the old name is not sent. ``None``: the usual names."
+)
 
 # Read by the dashboard when it is mounted (dashboard/auth.py), not by Settings.
 DASHBOARD_DOCS: dict[str, str] = {
@@ -210,6 +217,7 @@ class Settings:
     status_url: str | None = None
     near_limit: float | None = 0.8
     calendar: Calendar = field(default_factory=Calendar)  # QUOTA_TIMEZONE, QUOTA_BILLING_DAY
+    header_names: Mapping[str, str] | None = None  # QUOTA_HEADER_NAMES; None: the usual ones
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -264,6 +272,7 @@ class Settings:
             status_url=_path(get, "QUOTA_STATUS_URL", "/rate_limit"),
             near_limit=_share(get, "QUOTA_NEAR_LIMIT"),
             calendar=_calendar(get),
+            header_names=header_names(get["QUOTA_HEADER_NAMES"]),
         )
         for key in ("QUOTA_DEFAULT_PLAN", "QUOTA_ANONYMOUS_PLAN"):
             if get[key] not in plans:

@@ -256,3 +256,85 @@ def test_decision_str_summarises_allowed_decisions_and_further_windows() -> None
     expected = "denied by user 'user@86400': 1000 per 86400 s on plan 'free', retry in 3600 s"
     assert str(daily) == expected
     assert repr(daily).startswith("Decision(plan='free', results=(TierResult(")
+
+
+def table_cell(text: str, first_cell: str) -> str:
+    """The second cell of the Markdown table row whose first cell is ``first_cell``."""
+    rows = [line for line in text.splitlines() if line.startswith(f"| {first_cell} |")]
+    assert len(rows) == 1, f"no single row for {first_cell} in the document"
+    return rows[0].removeprefix(f"| {first_cell} |").removesuffix("|").strip()
+
+
+def test_readme_and_guide_map_default_limits_alike() -> None:
+    """The README's summary row for default_limits says what the guide's row says: the
+    plans' user and global tiers, and a blueprint limit for a bucket per route."""
+    readme = table_cell(README, "`default_limits`")
+    guide = table_cell(GUIDE, "`default_limits=[...]` (one budget per route)")
+    assert readme == guide
+    assert "`user`" in guide and "`global`" in guide and "quota.limit(...)(bp)" in guide
+
+
+def test_the_guide_names_a_counterpart_for_each_flask_limiter_feature_of_issue_22() -> None:
+    """Callable rates, stacked limits, non-view code, header names, error_message=, the
+    route listing and app-wide defaults: each has its counterpart in the guide (the
+    snippets for the APIs of SPEC 8.3 are run by their own tests as those land)."""
+    for counterpart in (
+        "@quota.limit(lambda",
+        "### Stacked limits",
+        "with quota.limited(",
+        "concurrent=2",
+        "quota.settle(",
+        "QUOTA_HEADER_NAMES",
+        "error_message=",
+        "| `flask limiter limits` | `flask quota routes`",
+        "## Defaults for every view",
+        "`@quota.request_filter`",
+        "default_limits_deduct_when",
+    ):
+        assert counterpart in GUIDE, counterpart
+
+
+def test_a_flask_limiter_semicolon_rate_is_refused_with_the_comma_form() -> None:
+    """ "1/second;10/minute" raises when the decorator runs, and the message gives the
+    comma form, word for word as the guide quotes it."""
+    quota = Quota()
+    try:
+        quota.limit("1/second;10/minute")
+    except ValueError as exc:
+        message = str(exc)
+    else:  # pragma: no cover - the assertion below reports it
+        message = ""
+    quoted = "to give several rates, separate them with commas: '1/second, 10/minute'"
+    assert quoted in message
+    assert quoted in GUIDE
+
+
+def _python_block_with(text: str, needle: str) -> str:
+    """The fenced Python block of ``text`` that contains ``needle``."""
+    blocks = text.split("```python\n")[1:]
+    found = [block.split("```", 1)[0] for block in blocks if needle in block.split("```", 1)[0]]
+    assert len(found) == 1, f"no single Python block with {needle}"
+    return found[0]
+
+
+def test_the_guides_header_names_snippet_renames_the_headers(
+    app: Flask, clock: FrozenClock
+) -> None:
+    """The guide's QUOTA_HEADER_NAMES snippet, run as written, renames the headers of a
+    ported app; the old names are gone."""
+    exec(_python_block_with(GUIDE, 'app.config["QUOTA_HEADER_NAMES"]'), {"app": app})
+    _, client = ported_app(app, clock, **DECORATOR_ONLY)
+    response = client.get("/search")
+    assert response.headers["X-Quota-Limit"] == "1000"
+    assert response.headers["X-Quota-Remaining"] == "999"
+    assert "X-RateLimit-Limit" not in response.headers
+    assert "X-RateLimit-Remaining" not in response.headers
+
+
+def test_flask_quota_routes_lists_a_ported_view(app: Flask, clock: FrozenClock) -> None:
+    """The guide's counterpart of `flask limiter limits` lists the ported view's limit."""
+    ported_app(app, clock, **DECORATOR_ONLY)
+    result = app.test_cli_runner().invoke(args=["quota", "routes"])
+    assert result.exit_code == 0, result.output
+    (line,) = [row for row in result.stdout.splitlines() if row.startswith("/search ")]
+    assert line.split()[:5] == ["/search", "GET", "search", "search", "1000/minute"]

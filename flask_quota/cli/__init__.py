@@ -1,4 +1,4 @@
-"""``flask quota ...``: plans, clients, overrides, usage and resets from the shell.
+"""``flask quota ...``: plans, clients, overrides, usage, resets and routes from the shell.
 
 Every change is written to the audit log under ``--actor`` (default: ``$USER``)
 and reaches every running worker within ``QUOTA_SYNC_INTERVAL`` plus a reload.
@@ -15,11 +15,14 @@ from .clients import clients_cli
 from .db import db_cli
 from .overrides import overrides_cli
 from .plans import plans_cli
+from .routes import routes
 from .usage import reset, usage
 
 __all__ = ["quota_cli"]
 
-quota_cli = AppGroup("quota", help="Manage flask-quota plans, clients, overrides and usage.")
+quota_cli = AppGroup(
+    "quota", help="Manage flask-quota plans, clients, overrides and usage; list the routes' limits."
+)
 for command in (
     plans_cli,
     clients_cli,
@@ -30,5 +33,6 @@ for command in (
     reset,
     block,
     unblock,
+    routes,
 ):
     quota_cli.add_command(command)

@@ -9,6 +9,7 @@ from werkzeug.exceptions import HTTPException, ServiceUnavailable, TooManyReques
 
 from .algorithms import Outcome
 from .clock import ceil_seconds
+from .headers import ENVIRON_KEY
 from .policy import Decision
 from .tiers import Tier
 
@@ -52,7 +53,9 @@ class _Problem(HTTPException):
     def get_headers(
         self, environ: Any = None, scope: dict[str, Any] | None = None
     ) -> list[tuple[str, str]]:
-        return [("Content-Type", "application/problem+json"), *self.extra_headers()]
+        pairs = [("Content-Type", "application/problem+json"), *self.extra_headers()]
+        names = environ.get(ENVIRON_KEY) if environ else None  # QUOTA_HEADER_NAMES
+        return [(names.get(k, k), v) for k, v in pairs] if names else pairs
 
 
 class _Denial(NamedTuple):

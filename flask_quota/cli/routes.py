@@ -1,0 +1,123 @@
+"""``flask quota routes``: every URL rule with the limits, rates per plan and
+exemptions that apply to it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+from flask import Flask, current_app
+from flask.cli import with_appcontext
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..core.plans import PlanCatalog
+from ..core.policy import LimitSpec
+from ..sql.errors import TablesMissing
+from ..sql.store import DEFAULT_DATABASE_FILE
+from ..state import EXEMPT_ATTR, QuotaState
+from ..tools.routes import LimitsOf, as_json, plan_tiers, route_rows
+from .common import app_state, table
+
+__all__ = ["routes"]
+
+STATUS_ENDPOINT = "flask_quota_status"  # the endpoint init_app gives QUOTA_STATUS_URL
+
+
+@click.command("routes")
+@click.option("--json", "as_json_", is_flag=True, help="Print JSON instead of tables.")
+@with_appcontext
+def routes(as_json_: bool) -> None:
+    """List every URL rule with the limits that apply to it: why a request got 429."""
+    app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
+    state = app_state()
+    catalog = _catalog(app, state)
+    rows = route_rows(
+        app.url_map.iter_rules(), _limits_of(app, state), catalog, state.settings.exempt_methods
+    )
+    tiers = plan_tiers(catalog)
+    if not state.settings.enabled:
+        click.echo("warning: QUOTA_ENABLED is off: no limit applies to any request", err=True)
+    if as_json_:
+        click.echo(json.dumps(as_json(rows, tiers), indent=2))
+        return
+    click.echo("Every route that is not exempt counts on its caller's plan tiers:")
+    concurrent = any(t.concurrent is not None for t in tiers)
+    table(
+        (
+            [t.plan, t.global_rate or "-", t.tenant or "-", t.user or "-"]
+            + ([str(t.concurrent or "-")] if concurrent else [])
+            for t in tiers
+        ),
+        ["PLAN", "GLOBAL (PER IP)", "TENANT", "USER"] + (["CONCURRENT"] if concurrent else []),
+    )
+    click.echo()
+    plans = [t.plan for t in tiers]
+    lines = []
+    for row in rows:
+        head = [row.rule, ",".join(row.methods) or "-", row.endpoint]
+        if row.exempt:
+            lines.append([*head, f"exempt ({row.exempt})", *["-"] * (3 + len(plans))])
+        elif not row.limits:
+            lines.append([*head, "-", *["-"] * (3 + len(plans))])
+        for limit in row.limits:
+            own = [limit.resource, limit.rate or "-", str(limit.cost), ",".join(limit.flags) or "-"]
+            lines.append([*head, *own, *(limit.plans[p] or "-" for p in plans)])
+    table(lines, ["RULE", "METHODS", "ENDPOINT", "LIMIT", "RATE", "COST", "FLAGS", *plans])
+
+
+def _catalog(app: Flask, state: QuotaState) -> PlanCatalog:
+    """The plans requests are decided with: the quota tables' when the app keeps them,
+    else (or with the database down) the configured ones."""
+    if not _keeps_tables(app, state):
+        return state.settings.plans
+    try:
+        return state.sql.load()  # fresh: a CLI process starts no poller
+    except (SQLAlchemyError, TablesMissing) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        click.echo(
+            f"warning: the quota database did not answer ({reason}); showing the configured "
+            "plans, which may differ from what the servers enforce",
+            err=True,
+        )
+        return state.settings.plans
+
+
+def _keeps_tables(app: Flask, state: QuotaState) -> bool:
+    """Whether the servers read the plans from SQL (as ``SqlStore.autostart`` decides).
+
+    Without a database URL, ``db=`` or the dashboard, the default SQLite file is made
+    only when something needs it; listing must not make it, or the database would own
+    the plans from the next start on.
+    """
+    settings, store = state.settings, state.sql
+    if settings.database_url is not None or not store.owns_engine or settings.dashboard_url:
+        return True
+    return (Path(app.instance_path) / DEFAULT_DATABASE_FILE).is_file()
+
+
+def _limits_of(app: Flask, state: QuotaState) -> LimitsOf:
+    def limits_of(endpoint: str) -> tuple[str | None, Sequence[LimitSpec]]:
+        exempt, spec = state.view_limit(app, endpoint)
+        if exempt:
+            return _why_exempt(app, endpoint), ()
+        return None, () if spec is None else (spec,)
+
+    return limits_of
+
+
+def _why_exempt(app: Flask, endpoint: str) -> str:
+    """Which rule of ``state.view_limit`` made ``endpoint`` exempt, in its order."""
+    if endpoint.rpartition(".")[2] == "static":
+        return "static files"
+    if endpoint == STATUS_ENDPOINT:  # exempt from the limits, but it counts one tier
+        return "QUOTA_STATUS_URL: counts on the global tier only"
+    if getattr(app.view_functions.get(endpoint), EXEMPT_ATTR, False):
+        return "@quota.exempt"
+    name = endpoint.rpartition(".")[0]
+    while name:  # innermost first: the one whose exemption the walk met
+        if getattr(app.blueprints.get(name), EXEMPT_ATTR, False):
+            return f"blueprint {name.rpartition('.')[2]!r} is exempt"
+        name = name.rpartition(".")[0]
+    return "exempt"
