@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .algorithms import Outcome
-from .checks import Check
+from .checks import Check, keyed
 from .errors import CallerBlocked, QuotaExceeded, QuotaUnavailable
 from .generations import Generations
 from .identity import Identity
 from .keys import KeyBuilder
+from .leases import new_member
 from .plans import Plan, PlanCatalog
 from .policy import Decision, LimitSpec, Policy, TierCheck, TierResult
 from .reply import LocalReply, Reply
@@ -36,6 +37,7 @@ __all__ = [
     "Facts",
     "Guard",
     "limit_hooks",
+    "take_leases",
 ]
 
 ROUTES = 4096  # routes per generation of the route cache
@@ -84,6 +86,8 @@ class Guard(Protocol):
 
     def charge(self, checks: Sequence[Check]) -> None: ...
 
+    def release(self, checks: Sequence[Check], *, local: bool) -> None: ...
+
 
 class DecisionObserver(Protocol):
     """Told about every decided request (the Prometheus metrics are one)."""
@@ -113,6 +117,14 @@ class Events(Protocol):
     def shadow_exceeded(self, decision: Decision) -> None: ...
 
     def near_limit(self, decision: Decision, result: TierResult) -> None: ...
+
+
+def take_leases(route: Route, keys: list[str]) -> None:
+    """Give the request's lease keys its own member (``core/leases.py``): the route's
+    keys end where the member goes."""
+    member = new_member()
+    for i in route.leases:
+        keys[i] += member
 
 
 def limit_hooks(
@@ -206,6 +218,8 @@ class Enforcer:
         # The caller's block gate is read in the same storage call as its tiers (and its
         # tenant's bucket in the same call too: all-or-nothing across them).
         keys = route.keys(facts.ip_tag, tag, owner, tenant or "")
+        if route.leases:
+            take_leases(route, keys)
         observer = self.observer
         if observer is not None and not observer.watching():
             observer = None
@@ -320,6 +334,14 @@ class Enforcer:
             self.guard.charge(charges)
             return decision.adjusted(-extra, charges[0].algorithm) if charges else decision
         return decision
+
+    def release(self, decided: Decided) -> None:
+        """Give back the leases an admitted request holds: one storage call, after its
+        response closed (or its teardown). To the in-process fallback when it took them
+        (fail mode ``local``); a release that fails is lost and the lease expires."""
+        route, keys = decided.route, decided.keys
+        checks = [keyed((route.calls[i],), (keys[i],))[0] for i in route.leases]
+        self.guard.release(checks, local=type(decided.reply) is LocalReply)
 
     # -- routes -------------------------------------------------------------------
 

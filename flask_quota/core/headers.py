@@ -76,7 +76,7 @@ def rate_limit_headers(decision: Decision, mode: HeaderMode) -> list[tuple[str, 
 
     Shadow tiers are left out: they never deny, so a client has nothing to act on.
     """
-    results = decision.enforced
+    results = decision.rated
     if not results or mode is HeaderMode.NONE:
         return []
     shown = decision.shown

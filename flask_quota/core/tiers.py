@@ -17,3 +17,5 @@ class Tier(StrEnum):
     TENANT = "tenant"
     USER = "user"  # per identity: the business quota
     ENDPOINT = "endpoint"  # per identity, method and resource: expensive endpoints
+    # Not a rate: requests in flight at once (a plan's per caller, a limit's per resource).
+    CONCURRENT = "concurrent"
