@@ -22,10 +22,11 @@ from flask import Flask, Response, request
 from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
-from flask_quota import Identity, Quota
+from flask_quota import Identity, Quota, signals
 from flask_quota.core.leases import split
 from flask_quota.core.plans import Plan, PlanCatalog
 from flask_quota.core.rates import parse_rates
+from flask_quota.core.tiers import Tier
 from flask_quota.settings import Settings
 from flask_quota.storage import MemoryStorage, Storage
 from flask_quota.storage.denycache import DenyCache
@@ -33,6 +34,7 @@ from flask_quota.storage.redis import RedisStorage
 from flask_quota.testing import FrozenClock
 from tests.backends import backend  # noqa: F401  (a fixture)
 from tests.cluster import Cluster
+from tests.prom import Scrape
 from tests.servers import RedisServer
 
 PLANS = {"free": {"user": "100/minute"}}
@@ -330,6 +332,32 @@ def test_routes_without_a_lease_take_none(app: Flask) -> None:
     assert route.leases == ()
     assert not any(k.split(":")[-1].startswith("c") for k in storage._data)
     response.close()
+
+
+def test_signals_metrics_and_usage_count_a_concurrency_denial(app: Flask) -> None:
+    """``quota_exceeded`` hears the denial (tier ``concurrent``); the metrics count it as
+    ``denied`` on tier ``concurrent`` and the admitted ones as ``allowed``; the
+    dashboard's usage records it under the limit's name; ``str(decision)`` says it."""
+    _, client = lease_app(app, MemoryStorage(), QUOTA_METRICS_URL="/metrics")
+    heard: list[Any] = []
+
+    def receiver(sender: Flask, decision: Any, **_: Any) -> None:
+        heard.append(decision)
+
+    signals.quota_exceeded.connect(receiver)
+    try:
+        responses = [held(client) for _ in range(3)]
+    finally:
+        signals.quota_exceeded.disconnect(receiver)
+    assert statuses(responses) == [200, 200, 429]
+    assert [d.denied.tier for d in heard] == [Tier.CONCURRENT]
+    assert str(heard[0]).startswith("denied by concurrent 'concurrent (slow)': 2 in flight")
+    assert heard[0].usage_outcomes() == [("concurrent (slow)", False)]
+    scraped = Scrape.parse(client.get("/metrics").get_data(as_text=True))
+    total = "flask_quota_decisions_total"
+    assert scraped.value(total, tier="concurrent", outcome="denied") == 1
+    assert scraped.value(total, tier="concurrent", outcome="allowed") == 2
+    close_all(responses)
 
 
 # -- the deny cache and the fail modes -------------------------------------------------

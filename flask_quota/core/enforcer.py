@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .algorithms import Outcome
-from .checks import Check, keyed
+from .checks import Check
 from .errors import CallerBlocked, QuotaExceeded, QuotaUnavailable
 from .generations import Generations
 from .identity import Identity
@@ -37,7 +37,6 @@ __all__ = [
     "Facts",
     "Guard",
     "limit_hooks",
-    "take_leases",
 ]
 
 ROUTES = 4096  # routes per generation of the route cache
@@ -117,14 +116,6 @@ class Events(Protocol):
     def shadow_exceeded(self, decision: Decision) -> None: ...
 
     def near_limit(self, decision: Decision, result: TierResult) -> None: ...
-
-
-def take_leases(route: Route, keys: list[str]) -> None:
-    """Give the request's lease keys its own member (``core/leases.py``): the route's
-    keys end where the member goes."""
-    member = new_member()
-    for i in route.leases:
-        keys[i] += member
 
 
 def limit_hooks(
@@ -218,8 +209,10 @@ class Enforcer:
         # The caller's block gate is read in the same storage call as its tiers (and its
         # tenant's bucket in the same call too: all-or-nothing across them).
         keys = route.keys(facts.ip_tag, tag, owner, tenant or "")
-        if route.leases:
-            take_leases(route, keys)
+        if route.leases:  # this request's own member in its lease sets (core/leases.py)
+            member = new_member()
+            for i in route.leases:
+                keys[i] += member
         observer = self.observer
         if observer is not None and not observer.watching():
             observer = None
@@ -339,8 +332,7 @@ class Enforcer:
         """Give back the leases an admitted request holds: one storage call, after its
         response closed (or its teardown). To the in-process fallback when it took them
         (fail mode ``local``); a release that fails is lost and the lease expires."""
-        route, keys = decided.route, decided.keys
-        checks = [keyed((route.calls[i],), (keys[i],))[0] for i in route.leases]
+        checks = decided.route.lease_checks(decided.keys)
         self.guard.release(checks, local=type(decided.reply) is LocalReply)
 
     # -- routes -------------------------------------------------------------------

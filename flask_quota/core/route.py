@@ -186,6 +186,10 @@ class Route:
         )  # fmt: skip
         return gate, Decision(self.plan.name, results, reply.now_us)
 
+    def lease_checks(self, keys: Sequence[str]) -> list[Check]:
+        """The concurrency limits' checks with the request's keys (its member in them)."""
+        return keyed([self.calls[i] for i in self.leases], [keys[i] for i in self.leases])
+
     def lease_headers(self, reply: Reply) -> list[tuple[str, str]]:
         """``X-Concurrency-Limit`` / ``-Remaining`` of the tightest concurrency limit
         (fewest slots left); none on a route without one."""
