@@ -224,11 +224,39 @@ def test_a_plans_limit_spans_every_endpoint(
     assert held(client, "/other").status_code == 200
 
 
-def in_force(app: Flask, plan: Plan) -> None:
-    """Decide ``app``'s requests on ``plan`` alone (the SQL plumbing of a plan's
+def in_force(app: Flask, *plans: Plan) -> None:
+    """Decide ``app``'s requests on ``plans`` alone (the SQL plumbing of a plan's
     ``concurrent`` is tested with the SQL plans)."""
-    catalog = PlanCatalog([plan])
+    catalog = PlanCatalog(list(plans))
     app.extensions["quota"].enforcer.catalog = lambda: catalog
+
+
+def test_the_429_offers_the_plan_that_allows_more_in_flight(app: Flask) -> None:
+    """A plan's concurrency denial names the next plan with more slots; a limit's own
+    ``concurrent=`` is every plan's, so it offers none (never a rate's upgrade)."""
+    _, client = lease_app(app, MemoryStorage())
+    rates = parse_rates("100/minute")
+    in_force(
+        app,
+        Plan("free", user_rate=rates, resources={"slow": rates}, concurrent=1),
+        Plan("pro", user_rate=rates, resources={"slow": parse_rates("900/minute")}, concurrent=8),
+    )
+    first = held(client, "/other")
+    denied = held(client, "/other")
+    assert denied.get_json()["upgrade"] == "Pro raises this to 8 in flight: see /pricing"
+    first.close()
+    streams = [held(client), held(client)]  # /slow: the plan's 1 slot is taken by the first
+    assert streams[1].get_json()["tier"] == "concurrent"
+    close_all(streams)
+    in_force(
+        app,
+        Plan("free", user_rate=rates, resources={"slow": rates}),
+        Plan("pro", user_rate=rates, resources={"slow": parse_rates("900/minute")}),
+    )
+    streams = [held(client) for _ in range(3)]
+    assert streams[2].get_json()["resource"] == "slow"
+    assert streams[2].get_json()["upgrade"] is None
+    close_all([denied, *streams])
 
 
 def test_a_lease_denial_charges_no_rate(
@@ -281,6 +309,21 @@ def test_an_unreleased_lease_expires_on_the_storage_clock(
     fresh = held(client)
     assert fresh.status_code == 200
     close_all([fresh, *lost])
+
+
+@pytest.mark.quiet
+def test_a_lease_expires_on_the_redis_server_clock(app: Flask, redis_client: redis.Redis) -> None:
+    """With no injected clock, Redis ``TIME`` decides: a lease never given back frees its
+    slot ``QUOTA_LEASE_SECONDS`` (1 s) later, and its set carries a TTL meanwhile."""
+    _, client = lease_app(app, RedisStorage(redis_client), QUOTA_LEASE_SECONDS=1)
+    lost = [held(client), held(client)]  # never closed
+    start = time.monotonic()
+    assert 0 < redis_client.pttl("quota:{id=alice}:c:slow") <= 1000
+    while (probe := held(client)).status_code == 429:
+        assert time.monotonic() - start < 3, "the leases never expired"
+        time.sleep(0.02)
+    assert time.monotonic() - start > 0.5  # expired, not given back
+    close_all([probe, *lost])
 
 
 def test_a_key_owner_shares_one_set(

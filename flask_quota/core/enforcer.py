@@ -15,13 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from . import leases
 from .algorithms import Outcome
 from .checks import Check
 from .errors import CallerBlocked, QuotaExceeded, QuotaUnavailable
 from .generations import Generations
 from .identity import Identity
 from .keys import KeyBuilder
-from .leases import new_member
 from .plans import Plan, PlanCatalog
 from .policy import Decision, LimitSpec, Policy, TierCheck, TierResult
 from .reply import LocalReply, Reply
@@ -210,7 +210,7 @@ class Enforcer:
         # tenant's bucket in the same call too: all-or-nothing across them).
         keys = route.keys(facts.ip_tag, tag, owner, tenant or "")
         if route.leases:  # this request's own member in its lease sets (core/leases.py)
-            member = new_member()
+            member = leases.new_member()
             for i in route.leases:
                 keys[i] += member
         observer = self.observer
@@ -250,7 +250,10 @@ class Enforcer:
                 # so what the block says is read, as at the gate.
                 raise self.refusal(decision, block, keys[0])
         resource_name = denied.resource if denied.resource == resource else None
-        upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
+        if denied.tier is Tier.CONCURRENT:
+            upgrade = leases.upgrade_hint(catalog, plan.name, of_plan=denied.resource is None)
+        else:
+            upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
         raise QuotaExceeded(decision, upgrade=upgrade, cost=facts.cost)
 
     def _call(self, route: Route, keys: list[str]) -> Reply | None:

@@ -21,6 +21,7 @@ import os
 
 from .algorithms import Step
 from .clock import US
+from .plans import PlanCatalog
 from .rates import MAX_LIMIT, Rate
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "release",
     "slots",
     "split",
+    "upgrade_hint",
 ]
 
 # No IETF field covers requests in flight: ours, documented in docs/usage.md.
@@ -93,3 +95,21 @@ def release(state: Leases | None, now: int, member: str) -> tuple[Leases | None,
     if not live:
         return None, 0
     return live, max(e[0] for e in live) - now
+
+
+def upgrade_hint(catalog: PlanCatalog, plan: str, *, of_plan: bool) -> str | None:
+    """The 429's ``upgrade`` for a concurrency denial: the plan's own text, else (for a
+    plan's limit, ``of_plan``) the next plan that allows more in flight. A limit's
+    ``concurrent=`` is the same on every plan, so only the plan's own text is offered."""
+    current = catalog.get(plan)
+    if current is None or current.upgrade or not of_plan:
+        return current.upgrade if current is not None else None
+    mine = current.concurrent or 0
+    later = list(catalog)[list(catalog).index(plan) + 1 :]
+    for name in later:
+        theirs = catalog[name].concurrent
+        if theirs is not None and theirs > mine:
+            return (
+                f"{name.capitalize()} raises this to {theirs} in flight: see {catalog.upgrade_url}"
+            )
+    return None
