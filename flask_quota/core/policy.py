@@ -365,10 +365,7 @@ class Policy:
         for _, resource, spec in endpoints:
             if spec.key is None and spec.concurrent is not None and resource not in seen:
                 seen.add(resource)  # one set per resource, whatever the methods
-                key = self.keys.lease_key(tag, resource)
-                check = self._lease(key, spec.concurrent, 0)
-                checks.append(TierCheck(Tier.CONCURRENT, f"concurrent ({resource})", check,
-                                        resource))  # fmt: skip
+                self._limit_lease(checks, tag, resource, spec.concurrent, 0)
         return checks
 
     def tenant_checks(self, plan: Plan, tenant_tag: str) -> list[TierCheck]:
@@ -453,13 +450,18 @@ class Policy:
         the limit's ``concurrent=`` (per caller, or ``key=`` owner, and resource).
         ``cost`` 1 takes a slot, 0 only looks (inspection)."""
         if plan.concurrent is not None:
-            key = self.keys.lease_key(tag)
-            checks.append(TierCheck(Tier.CONCURRENT, Tier.CONCURRENT.value,
-                                    self._lease(key, plan.concurrent, cost)))  # fmt: skip
+            check = self._lease(self.keys.lease_key(tag), plan.concurrent, cost)
+            checks.append(TierCheck(Tier.CONCURRENT, Tier.CONCURRENT.value, check))
         if spec is not None and spec.concurrent is not None and resource is not None:
-            key = self.keys.lease_key(tag if owner_tag is None else owner_tag, resource)
-            check = self._lease(key, spec.concurrent, cost)
-            checks.append(TierCheck(Tier.CONCURRENT, f"concurrent ({resource})", check, resource))
+            owner = tag if owner_tag is None else owner_tag
+            self._limit_lease(checks, owner, resource, spec.concurrent, cost)
+
+    def _limit_lease(
+        self, checks: list[TierCheck], owner: str, resource: str, slots: int, cost: int
+    ) -> None:
+        """Append a limit's ``concurrent=``: one set per owner and resource, every method."""
+        check = self._lease(self.keys.lease_key(owner, resource), slots, cost)
+        checks.append(TierCheck(Tier.CONCURRENT, f"concurrent ({resource})", check, resource))
 
     def _lease(self, set_key: str, slots: int, cost: int) -> Check:
         """A lease check: ``slots`` held at most, each for ``QUOTA_LEASE_SECONDS`` at most."""
