@@ -425,7 +425,7 @@ class Quota:
             scope = g._get_current_object()
             scope._quota = decided
             if decided.route.leases and decided.reply.all_allowed:
-                scope._quota_leased = decided  # given back when the response closes
+                scope._quota_leased = decided  # given back after the response: _hold_leases
 
     def _identify(self, settings: Settings, req: Request) -> Identity | None:
         if self._identity_loader is not None:
