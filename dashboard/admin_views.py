@@ -116,7 +116,7 @@ def plans_page(error: str | None = None, status: int = 200) -> tuple[str, int]:
         "quota/plans.html",
         plans=plans,
         rows=plan_matrix(plans),
-        tiers=[t.value for t in Tier],
+        tiers=[t.value for t in Tier if t is not Tier.CONCURRENT],  # the tiers with rates
         algorithms=[x.value for x in Algorithm],
         app_algorithm=settings.algorithm.value,
         protected={settings.default_plan, settings.anonymous_plan},

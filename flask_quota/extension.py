@@ -16,10 +16,10 @@ from flask import Blueprint, Flask, Request, Response, current_app, g, jsonify, 
 
 from . import signals
 from .cli import quota_cli
-from .core import validators
+from .core import leases, validators
 from .core.enforcer import Decided, Enforcer, Facts, limit_hooks
 from .core.errors import InvalidApiKey, QuotaExceeded
-from .core.headers import ENVIRON_KEY, RETRY_AFTER, apply_headers, rate_limit_headers
+from .core.headers import ENVIRON_KEY, RETRY_AFTER, HeaderMode, apply_headers, rate_limit_headers
 from .core.identity import Identity, plausible_api_key
 from .core.keys import KeyBuilder, remote_ip_tag
 from .core.observers import combined
@@ -140,6 +140,7 @@ class Quota:
             settings.algorithm,
             shadow=settings.shadow,
             calendar=settings.calendar,
+            lease_seconds=settings.lease_seconds,
         )
         escalate = None
         if settings.block_after is not None:
@@ -171,6 +172,7 @@ class Quota:
         sql.autostart(app, needed=settings.dashboard_url is not None)
         app.before_request(self._before_request)
         app.after_request(self._after_request)
+        app.teardown_request(_release_at_teardown)
         if settings.dashboard_url is not None:
             from .dashboard import make_blueprint  # the dashboard is loaded only when mounted
 
@@ -203,6 +205,7 @@ class Quota:
         per_method: bool = True,
         charge_when: Callable[[Response], bool] | None = None,
         exempt_when: Callable[[], bool] | None = None,
+        concurrent: int | None = None,
     ) -> Callable[[V], V]:
         """Add the endpoint tier to a view, or to every view of a blueprint.
 
@@ -213,12 +216,16 @@ class Quota:
         caller. ``per_method=False`` shares one bucket across methods (``HEAD``
         always counts as ``GET``). ``charge_when(response)`` returning False
         refunds the request after the response. ``exempt_when()`` returning True
-        skips this limit for the request.
+        skips this limit for the request. ``concurrent=N`` lets at most ``N`` requests
+        of the caller (or of the ``key()`` owner) run at once on the resource; alone, it
+        is the whole limit.
         """
         parsed = parse_rates(rate) if rate is not None else None
         if resource is not None:
             validators.resource_name(resource)
-        if parsed is None and resource is None:
+        if concurrent is not None:
+            leases.slots(concurrent)
+        if parsed is None and resource is None and concurrent is None:
             raise ValueError(
                 "quota.limit() needs a rate such as '10/minute' or a resource whose rate the "
                 "plans define, e.g. quota.limit(resource='ai_inference')"
@@ -229,7 +236,9 @@ class Quota:
         for name, hook in hooks.items():
             if hook is not None and not callable(hook):
                 raise ValueError(f"{name} must be a callable, got {hook!r}")
-        spec = LimitSpec(parsed, resource, cost, key, bool(per_method), charge_when, exempt_when)
+        spec = LimitSpec(
+            parsed, resource, cost, key, bool(per_method), charge_when, exempt_when, concurrent
+        )
 
         def decorator(view: V) -> V:
             if limit_of(view) is not None:
@@ -415,7 +424,10 @@ class Quota:
             g._get_current_object()._quota_denial = exc
             raise
         if decided is not None:
-            g._get_current_object()._quota = decided
+            scope = g._get_current_object()
+            scope._quota = decided
+            if decided.route.leases and decided.reply.all_allowed:
+                scope._quota_leased = decided  # given back after the response: _hold_leases
 
     def _identify(self, settings: Settings, req: Request) -> Identity | None:
         if self._identity_loader is not None:
@@ -457,6 +469,8 @@ class Quota:
         state: QuotaState = current_app.extensions["quota"]
         mode, headers, spec = state.settings.headers, response.headers, decided.spec
         names = state.settings.header_names
+        if decided.route.leases:
+            self._hold_leases(state, scope, response, decided)
         decision = None
         extra: int = scope.__dict__.pop("_quota_extra", 0)
         if spec is not None and decided.reply.all_allowed and (spec.charge_when or extra):
@@ -469,6 +483,46 @@ class Quota:
             decision = decision or decided.decision()
             state.usage.record(decided.tag, decision.plan, decision.usage_outcomes())
         return response
+
+    @staticmethod
+    def _hold_leases(state: QuotaState, scope: Any, response: Response, decided: Decided) -> None:
+        """The concurrency headers; a streamed response holds its leases until it is
+        closed (its stream ended), any other gives them back at teardown, once its
+        body is made (so a test client's unclosed responses hold no slot)."""
+        if state.settings.headers is not HeaderMode.NONE:
+            apply_headers(
+                response.headers,
+                decided.route.lease_headers(decided.reply),
+                state.settings.header_names,
+            )
+        if response.is_streamed:
+            leased: Decided | None = scope.__dict__.pop("_quota_leased", None)
+            if leased is not None:
+                response.call_on_close(_Release(state.enforcer, leased))
+
+
+class _Release:
+    """Gives a request's leases back once: the response's close may run more than once."""
+
+    __slots__ = ("decided", "enforcer")
+
+    def __init__(self, enforcer: Enforcer, decided: Decided | None) -> None:
+        self.enforcer, self.decided = enforcer, decided
+
+    def __call__(self) -> None:
+        decided, self.decided = self.decided, None
+        if decided is not None:
+            self.enforcer.release(decided)
+
+
+def _release_at_teardown(error: BaseException | None) -> None:
+    """Give back the leases of a request whose response is not streamed, or that got
+    none (its view raised past the error handlers, an after-request hook failed)."""
+    scope = g._get_current_object()
+    leased: Decided | None = scope.__dict__.pop("_quota_leased", None)
+    if leased is not None:
+        state: QuotaState = current_app.extensions["quota"]
+        _Release(state.enforcer, leased)()
 
 
 def _keep(decided: Decided) -> None:

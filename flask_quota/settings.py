@@ -16,7 +16,7 @@ from .core.algorithms import Algorithm
 from .core.calendar import Calendar
 from .core.headers import HeaderMode, header_names
 from .core.plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
-from .core.rates import ACCEPTED, Rate, parse_rate
+from .core.rates import ACCEPTED, MAX_WINDOW, Rate, parse_rate
 from .storage.breaker import DEFAULT_THRESHOLD
 
 __all__ = ["DEFAULTS", "DOCS", "FailMode", "HeaderMode", "PlansSource", "Settings", "reference"]
@@ -68,6 +68,7 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_STATUS_URL": None,  # e.g. "/rate_limit": the caller's own quota as JSON
     "QUOTA_NEAR_LIMIT": 0.8,  # share of a bucket used that fires signals.quota_near_limit
     "QUOTA_TIMEZONE": "UTC",  # N/month and N/year windows follow this zone's calendar
+    "QUOTA_LEASE_SECONDS": 60,  # a concurrency lease no one gave back expires after this
     "QUOTA_BILLING_DAY": 1,  # day of the month a N/month quota resets (1-31, clamped)
     "QUOTA_HEADER_NAMES": None,  # e.g. {"X-RateLimit-Limit": "X-Quota-Limit"}: renames ours
 }
@@ -120,6 +121,11 @@ DOCS["QUOTA_BLOCK_AFTER"] = (
     "``None``: never."
 )
 DOCS["QUOTA_BLOCK_FOR"] = "Seconds a block by ``QUOTA_BLOCK_AFTER`` lasts."
+DOCS["QUOTA_LEASE_SECONDS"] = (
+    "Seconds a concurrency lease (``concurrent=``) lives at most, on the storage's clock: "
+    "one a killed worker never gave back frees its slot after this. Longer than your "
+    "slowest request, or a request still running loses its slot."
+)
 DOCS["QUOTA_METRICS_URL"] = (
     "Path to serve Prometheus metrics at, e.g. ``/metrics`` (exempt from limits; needs "
     "``pip install 'flask-quota[metrics]'``); ``None``: no metrics. Several gunicorn workers "
@@ -218,6 +224,7 @@ class Settings:
     near_limit: float | None = 0.8
     calendar: Calendar = field(default_factory=Calendar)  # QUOTA_TIMEZONE, QUOTA_BILLING_DAY
     header_names: Mapping[str, str] | None = None  # QUOTA_HEADER_NAMES; None: the usual ones
+    lease_seconds: int = 60
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -265,6 +272,7 @@ class Settings:
             exempt_methods=_methods(get, "QUOTA_EXEMPT_METHODS"),
             block_after=_block_after(get, "QUOTA_BLOCK_AFTER"),
             block_for=_whole_seconds(get, "QUOTA_BLOCK_FOR"),
+            lease_seconds=_lease_seconds(get, "QUOTA_LEASE_SECONDS"),
             metrics_url=_path(get, "QUOTA_METRICS_URL", "/metrics"),
             shadow=_flag(get, "QUOTA_SHADOW"),
             plans_source=_choice(get, "QUOTA_PLANS_SOURCE", PlansSource),
@@ -420,6 +428,14 @@ def _whole_seconds(get: dict[str, Any], key: str) -> int:
     if isinstance(value, bool) or not text.isdigit() or int(text) <= 0:
         raise ValueError(f"{key}={value!r} must be a whole number of seconds above 0, e.g. 600")
     return int(text)
+
+
+def _lease_seconds(get: dict[str, Any], key: str) -> int:
+    """Whole seconds, 1 to 366 days: a lease is stored like a rate's window."""
+    seconds = _whole_seconds(get, key)
+    if seconds > MAX_WINDOW:
+        raise ValueError(f"{key}={seconds} is longer than 366 days; e.g. 60 (one minute)")
+    return seconds
 
 
 def _failures(get: dict[str, Any], key: str) -> int:

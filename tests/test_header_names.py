@@ -23,15 +23,19 @@ EVERY = {
     "RateLimit": "Q-RateLimit",
     "RateLimit-Policy": "Q-Policy",
     "Retry-After": "X-Q-Retry-After",
+    "X-Concurrency-Limit": "X-Q-In-Flight",
+    "X-Concurrency-Remaining": "X-Q-In-Flight-Left",
 }
 
 
-def limited_app(app: Flask, clock: FrozenClock, **config: Any) -> tuple[Quota, FlaskClient]:
+def limited_app(
+    app: Flask, clock: FrozenClock, concurrent: int | None = None, **config: Any
+) -> tuple[Quota, FlaskClient]:
     app.config.update(QUOTA_PLANS={"free": {}}, **config)
     quota = Quota(app, storage=MemoryStorage(clock))
 
     @app.get("/r")
-    @quota.limit("1/minute")
+    @quota.limit("1/minute", concurrent=concurrent)
     def r() -> str:
         return "ok"
 
@@ -59,7 +63,8 @@ def test_every_header_can_be_renamed_including_the_429s_retry_after(
     app: Flask, clock: FrozenClock
 ) -> None:
     assert set(EVERY) == set(RENAMEABLE)  # a header we add to RENAMEABLE joins EVERY
-    _, client = limited_app(app, clock, QUOTA_HEADER_NAMES=EVERY)
+    # A concurrency limit too, so its headers are sent.
+    _, client = limited_app(app, clock, concurrent=3, QUOTA_HEADER_NAMES=EVERY)
     client.get("/r")
     denied = client.get("/r")
     assert denied.status_code == 429

@@ -14,7 +14,7 @@ import click
 from flask import current_app
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..core.tiers import Tier
+from ..core.tiers import RATE_TIERS
 from ..core.validators import ResourceError
 from ..sql.admin import QuotaAdmin
 from ..sql.errors import AdminError, TablesMissing, database_error
@@ -41,7 +41,7 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-TIER_CHOICE = click.Choice([t.value for t in Tier], case_sensitive=False)
+TIER_CHOICE = click.Choice([t.value for t in RATE_TIERS], case_sensitive=False)
 
 # Positional ids and rates may start with "-": let them reach validation, which
 # explains the problem in one line, instead of click's "no such option".

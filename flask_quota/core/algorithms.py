@@ -80,10 +80,11 @@ class Gate(StrEnum):
     """Checks that ride along with the tiers but are not rate limits."""
 
     BLOCK = "block"  # denies while the caller's block key lives (see ``tools/blocks.py``)
+    LEASE = "lease"  # takes one of N slots until given back or expired (see ``core/leases.py``)
 
     @property
     def code(self) -> str:
-        return "blk"
+        return "blk" if self is Gate.BLOCK else "ls"
 
 
 class Outcome(NamedTuple):

@@ -64,15 +64,16 @@ def flat_reply(verdict: Verdict) -> Reply:
 
 def verdict_of(checks: Sequence[Check], reply: Sequence[int]) -> Verdict:
     """A ``Reply`` for ``checks`` as a ``Verdict``; each outcome's limit is its rate's
-    (a token bucket's capacity; 0 for a gate, which has no limit)."""
+    (a token bucket's capacity, a lease's slots; 0 for a block, which has no limit)."""
     flat = reply if isinstance(reply, Reply) else Reply(reply)
     outcomes = tuple(flat.outcome(i, shown_limit(check)) for i, check in enumerate(checks))
     return Verdict(flat.now_us, outcomes, shadow_flags(checks))
 
 
 def shown_limit(check: Check) -> int:
-    """The limit a check's outcome reports: a token bucket's capacity, 0 for a gate."""
-    if isinstance(check.algorithm, Gate):
+    """The limit a check's outcome reports: a token bucket's capacity, a lease's slots,
+    0 for a block gate."""
+    if check.algorithm is Gate.BLOCK:
         return 0
     if check.algorithm is Algorithm.TOKEN_BUCKET:
         return check.rate.capacity

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from . import leases
 from .algorithms import Outcome
 from .checks import Check
 from .errors import CallerBlocked, QuotaExceeded, QuotaUnavailable
@@ -83,6 +84,8 @@ class Guard(Protocol):
     def refund(self, checks: Sequence[Check], charged_at_us: int) -> None: ...
 
     def charge(self, checks: Sequence[Check]) -> None: ...
+
+    def release(self, checks: Sequence[Check], *, local: bool) -> None: ...
 
 
 class DecisionObserver(Protocol):
@@ -206,6 +209,10 @@ class Enforcer:
         # The caller's block gate is read in the same storage call as its tiers (and its
         # tenant's bucket in the same call too: all-or-nothing across them).
         keys = route.keys(facts.ip_tag, tag, owner, tenant or "")
+        if route.leases:  # this request's own member in its lease sets (core/leases.py)
+            member = leases.new_member()
+            for i in route.leases:
+                keys[i] += member
         observer = self.observer
         if observer is not None and not observer.watching():
             observer = None
@@ -243,7 +250,10 @@ class Enforcer:
                 # so what the block says is read, as at the gate.
                 raise self.refusal(decision, block, keys[0])
         resource_name = denied.resource if denied.resource == resource else None
-        upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
+        if denied.tier is Tier.CONCURRENT:
+            upgrade = leases.upgrade_hint(catalog, plan.name, of_plan=denied.resource is None)
+        else:
+            upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
         raise QuotaExceeded(decision, upgrade=upgrade, cost=facts.cost)
 
     def _call(self, route: Route, keys: list[str]) -> Reply | None:
@@ -320,6 +330,13 @@ class Enforcer:
             self.guard.charge(charges)
             return decision.adjusted(-extra, charges[0].algorithm) if charges else decision
         return decision
+
+    def release(self, decided: Decided) -> None:
+        """Give back the leases an admitted request holds: one storage call, after its
+        response closed (or its teardown). To the in-process fallback when it took them
+        (fail mode ``local``); a release that fails is lost and the lease expires."""
+        checks = decided.route.lease_checks(decided.keys)
+        self.guard.release(checks, local=type(decided.reply) is LocalReply)
 
     # -- routes -------------------------------------------------------------------
 

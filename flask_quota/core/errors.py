@@ -79,7 +79,9 @@ class QuotaExceeded(_Problem, TooManyRequests):
     The decision is on the exception: ``tier``, ``resource``, ``plan``, ``limit``,
     ``window``, ``remaining``, ``retry_after``, ``reset`` and ``upgrade``.
     ``cost`` is the request's cost on the endpoint tier: one above the limit's
-    capacity can never pass, and the detail says so.
+    capacity can never pass, and the detail says so. A concurrency limit's denial
+    has ``tier`` ``"concurrent"``, ``limit`` its slots and ``window`` the leases'
+    longest life (``QUOTA_LEASE_SECONDS``).
     """
 
     def __init__(self, decision: Decision, *, upgrade: str | None = None, cost: int = 1) -> None:
@@ -106,7 +108,9 @@ class QuotaExceeded(_Problem, TooManyRequests):
         outcome = denied.outcome
         what = _TIER_WORDS.get(denied.tier) or f"Endpoint limit {denied.name!r}"
         window = denied.rate.policy_window
-        if denied.tier is Tier.ENDPOINT and cost > outcome.limit:
+        if denied.tier is Tier.CONCURRENT:
+            detail = _concurrent_detail(outcome.limit, denied.resource, decision.plan)
+        elif denied.tier is Tier.ENDPOINT and cost > outcome.limit:
             # Retry-After is one window (the algorithms say so): waiting will not help.
             detail = (
                 f"{what}: this request's cost {cost} exceeds the limit's capacity "
@@ -152,6 +156,15 @@ class QuotaExceeded(_Problem, TooManyRequests):
     def extra_headers(self) -> list[tuple[str, str]]:
         """``Retry-After`` in whole seconds, at least 1."""
         return [("Retry-After", str(self.retry_after))]
+
+
+def _concurrent_detail(slots: int, resource: str | None, plan: str) -> str:
+    """A concurrency limit's ``detail``: how many may run at once, and on what."""
+    where = f"on {resource!r}" if resource is not None else "across every endpoint"
+    return (
+        f"{slots} requests in flight at once {where} is the limit on plan {plan!r}; "
+        "retry when one of yours has finished."
+    )
 
 
 def retry_after_seconds(decision: Decision) -> int:

@@ -61,8 +61,11 @@ POLICY = "RateLimit-Policy"
 RATELIMIT = "RateLimit"
 NAMES = (LIMIT, REMAINING, RESET, RESOURCE, POLICY, RATELIMIT)
 RETRY_AFTER = "Retry-After"  # on our 429s and 503s
+# The tightest concurrency limit's slots and free slots (no IETF field exists for them).
+CONCURRENCY_LIMIT = "X-Concurrency-Limit"
+CONCURRENCY_REMAINING = "X-Concurrency-Remaining"
 # What QUOTA_HEADER_NAMES may rename: every header we send. A new header joins here.
-RENAMEABLE = (*NAMES, RETRY_AFTER)
+RENAMEABLE = (*NAMES, RETRY_AFTER, CONCURRENCY_LIMIT, CONCURRENCY_REMAINING)
 # Where a request's WSGI environ holds QUOTA_HEADER_NAMES, when set: an error we raise
 # (errors.py) reads it as Werkzeug renders the error, wherever it was raised.
 ENVIRON_KEY = "flask_quota.header_names"
@@ -88,7 +91,7 @@ def rate_limit_headers(decision: Decision, mode: HeaderMode) -> list[tuple[str, 
 
     Shadow tiers are left out: they never deny, so a client has nothing to act on.
     """
-    results = decision.enforced
+    results = decision.rated
     if not results or mode is HeaderMode.NONE:
         return []
     shown = decision.shown
@@ -122,7 +125,7 @@ def policy_header(tiers: tuple[tuple[str, int, int], ...]) -> str:
 
 
 # Lower-cased: when the response has none of them, appending gives what replacing would.
-_OURS = frozenset(name.lower() for name in NAMES)
+_OURS = frozenset(name.lower() for name in (*NAMES, CONCURRENCY_LIMIT, CONCURRENCY_REMAINING))
 
 
 def apply_headers(

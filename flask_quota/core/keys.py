@@ -1,5 +1,6 @@
 """Storage key layout: ``quota:{tag}:tier[:METHOD:resource]:algorithm``, and
-``quota:{tag}:b`` (a block) and ``quota:{tag}:d:algorithm`` (denials towards one).
+``quota:{tag}:b`` (a block), ``quota:{tag}:d:algorithm`` (denials towards one) and
+``quota:{tag}:c[:resource]`` (a set of leases, ``core/leases.py``).
 
 The ``{tag}`` is a Redis Cluster hash tag: every key of one identity lands in
 one slot; a tenant's bucket (``quota:{t=acme}:t:algorithm``) has a tag of its own,
@@ -147,6 +148,13 @@ class KeyBuilder:
     def denials_key(self, tag: str, algorithm: Algorithm) -> str:
         """The bucket counting a caller's denials towards a block (``QUOTA_BLOCK_AFTER``)."""
         return f"{self.prefix}:{{{tag}}}:d:{algorithm.code}"
+
+    def lease_key(self, tag: str, resource: str | None = None) -> str:
+        """The set of a caller's leases: its plan's (every endpoint), or one resource's
+        (a limit's ``concurrent=``, every method). In the caller's hash slot."""
+        if resource is None:
+            return f"{self.prefix}:{{{tag}}}:c"
+        return f"{self.prefix}:{{{tag}}}:c:{escape(resource)}"
 
     def endpoint_key(self, tag: str, method: str, resource: str, algorithm: Algorithm) -> str:
         """The endpoint tier's key: caller, method and resource."""

@@ -75,6 +75,7 @@ class Plan:
     modes: Mapping[tuple[str, str], LimitMode] = field(default_factory=dict)
     # Last, so that positional construction from the other fields keeps working.
     tenant_rate: Rates | None = None
+    concurrent: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("global_rate", "user_rate", "tenant_rate"):

@@ -12,6 +12,7 @@ from .calendar import Calendar
 from .checks import Check, Verdict
 from .clock import seconds_until
 from .keys import KeyBuilder, Tag
+from .leases import lease_key
 from .plans import ENFORCED, LimitMode, Plan
 from .rates import Rate, Rates
 from .reply import Reply
@@ -55,6 +56,7 @@ class LimitSpec:
     per_method: bool = True  # False: one bucket for every method
     charge_when: Callable[[Any], bool] | None = None  # False for a response: refund it
     exempt_when: Callable[[], bool] | None = None  # True: the endpoint tier does not apply
+    concurrent: int | None = None  # requests in flight at once, per caller (or key owner)
 
     def method_of(self, method: str) -> str:
         """The method part of this limit's key: ``HEAD`` is ``GET`` without a body."""
@@ -125,13 +127,26 @@ class Decision:
         return tuple(r for r in self.results if not r.shadow)
 
     @property
+    def rated(self) -> tuple[TierResult, ...]:
+        """The enforced results of rates: what the rate-limit headers describe (a
+        concurrency limit is not a rate, it has headers of its own)."""
+        return tuple(r for r in self.results if not r.shadow and r.tier is not Tier.CONCURRENT)
+
+    @property
     def allowed(self) -> bool:
         """True when every enforced tier allowed the request."""
         return all(r.outcome.allowed or r.shadow for r in self.results)
 
-    def _pick(self, rule: Callable[[Reply, list[int]], int]) -> TierResult | None:
-        """The enforced result that ``Reply``'s rule ``rule`` picks (one home for it)."""
-        among = [i for i, r in enumerate(self.results) if not r.shadow]
+    def _pick(
+        self, rule: Callable[[Reply, list[int]], int], *, leases: bool = False
+    ) -> TierResult | None:
+        """The enforced result that ``Reply``'s rule ``rule`` picks (one home for it),
+        among the rates and, with ``leases``, the concurrency limits too."""
+        among = [
+            i
+            for i, r in enumerate(self.results)
+            if not r.shadow and (leases or r.tier is not Tier.CONCURRENT)
+        ]
         if not among:
             return None
         reply = Reply.of(self.now_us, self.allowed, (r.outcome for r in self.results))
@@ -141,7 +156,7 @@ class Decision:
     @property
     def denied(self) -> TierResult | None:
         """The denying (enforced) tier that makes the caller wait longest."""
-        return self._pick(Reply.denied)
+        return self._pick(Reply.denied, leases=True)
 
     @property
     def shadow_denied(self) -> tuple[TierResult, ...]:
@@ -150,7 +165,7 @@ class Decision:
 
     @property
     def closest(self) -> TierResult | None:
-        """The enforced tier nearest its limit: fewest remaining; ties go to the latest reset."""
+        """The enforced rate nearest its limit: fewest remaining; ties go to the latest reset."""
         return self._pick(Reply.closest)
 
     @property
@@ -204,6 +219,11 @@ class Decision:
         if denied is not None:
             o = denied.outcome
             retry = max(1, self.seconds_until(self.now_us + o.retry_after_us))
+            if denied.tier is Tier.CONCURRENT:
+                return (
+                    f"denied by {_label(denied)}: {o.limit} in flight on plan {self.plan!r}, "
+                    f"retry in {retry} s"
+                )
             return (
                 f"denied by {_label(denied)}: {o.limit} per "
                 f"{denied.rate.calendar or f'{denied.rate.policy_window} s'} "
@@ -251,8 +271,10 @@ class Policy:
         *,
         shadow: bool = False,
         calendar: Calendar | None = None,
+        lease_seconds: int = 60,
     ) -> None:
         self.keys = keys
+        self.lease_seconds = lease_seconds  # QUOTA_LEASE_SECONDS: a lease's longest life
         self.algorithm = algorithm  # QUOTA_ALGORITHM: a limit without its own algorithm
         self.shadow = shadow  # QUOTA_SHADOW: every tier is a shadow tier
         # QUOTA_TIMEZONE and QUOTA_BILLING_DAY: where N/month and N/year windows start.
@@ -306,6 +328,7 @@ class Policy:
         if spec is not None and resource is not None:
             tag = identity_tag if endpoint_tag is None else endpoint_tag
             self._endpoint_checks(checks, plan, tag, method, resource, spec, cost, resource)
+        self._lease_checks(checks, plan, identity_tag, spec, resource, endpoint_tag, 1)
         return checks
 
     def endpoint_checks(self, checks: list[TierCheck], cost: int) -> list[Check]:
@@ -337,6 +360,12 @@ class Policy:
             if spec.key is None:
                 name = f"{resource} ({method})"
                 self._endpoint_checks(checks, plan, tag, method, resource, spec, 0, name)
+        self._lease_checks(checks, plan, tag, None, None, None, 0)
+        seen = set()
+        for _, resource, spec in endpoints:
+            if spec.key is None and spec.concurrent is not None and resource not in seen:
+                seen.add(resource)  # one set per resource, whatever the methods
+                self._limit_lease(checks, tag, resource, spec.concurrent, 0)
         return checks
 
     def tenant_checks(self, plan: Plan, tenant_tag: str) -> list[TierCheck]:
@@ -406,6 +435,38 @@ class Policy:
         algorithm = self._algorithm(mode, rates, resource)
         key = self.keys.endpoint_key(tag, spec.method_of(method), resource, algorithm)
         self._each_rate(checks, Tier.ENDPOINT, name, key, rates, cost, resource, mode, algorithm)
+
+    def _lease_checks(
+        self,
+        checks: list[TierCheck],
+        plan: Plan,
+        tag: str,
+        spec: LimitSpec | None,
+        resource: str | None,
+        owner_tag: str | None,
+        cost: int,
+    ) -> None:
+        """Append the concurrency limits: the plan's (per caller, every endpoint), then
+        the limit's ``concurrent=`` (per caller, or ``key=`` owner, and resource).
+        ``cost`` 1 takes a slot, 0 only looks (inspection)."""
+        if plan.concurrent is not None:
+            check = self._lease(self.keys.lease_key(tag), plan.concurrent, cost)
+            checks.append(TierCheck(Tier.CONCURRENT, Tier.CONCURRENT.value, check))
+        if spec is not None and spec.concurrent is not None and resource is not None:
+            owner = tag if owner_tag is None else owner_tag
+            self._limit_lease(checks, owner, resource, spec.concurrent, cost)
+
+    def _limit_lease(
+        self, checks: list[TierCheck], owner: str, resource: str, slots: int, cost: int
+    ) -> None:
+        """Append a limit's ``concurrent=``: one set per owner and resource, every method."""
+        check = self._lease(self.keys.lease_key(owner, resource), slots, cost)
+        checks.append(TierCheck(Tier.CONCURRENT, f"concurrent ({resource})", check, resource))
+
+    def _lease(self, set_key: str, slots: int, cost: int) -> Check:
+        """A lease check: ``slots`` held at most, each for ``QUOTA_LEASE_SECONDS`` at most."""
+        return Check(lease_key(set_key), Gate.LEASE, Rate(slots, self.lease_seconds), cost,
+                     self.shadow)  # fmt: skip
 
     def _each_rate(
         self,

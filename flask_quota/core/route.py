@@ -18,6 +18,8 @@ from .algorithms import Outcome
 from .checks import Check, keyed, shown_limit
 from .clock import US
 from .headers import (
+    CONCURRENCY_LIMIT,
+    CONCURRENCY_REMAINING,
     LIMIT,
     POLICY,
     RATELIMIT,
@@ -61,8 +63,8 @@ class Route:
     encoding by identity. ``costing()`` derives the route of another cost.
     """
 
-    __slots__ = ("billed", "calls", "enforced", "labels", "limit_texts", "limits", "lines",
-                 "names", "parts", "plan", "policy", "rooms", "shadow", "shown_among",
+    __slots__ = ("billed", "calls", "enforced", "labels", "leases", "limit_texts", "limits",
+                 "lines", "names", "parts", "plan", "policy", "rooms", "shadow", "shown_among",
                  "tiers")  # fmt: skip
 
     def __init__(
@@ -77,8 +79,13 @@ class Route:
             {} if any(c.calendar is not None for c in self.calls) else None
         )
         self.shadow = any(c.shadow for c in self.calls)  # then a shadow denial may need a signal
-        # What the headers show, per tier; only enforced (non-shadow) tiers are shown.
-        self.enforced = tuple(i for i, t in enumerate(tiers) if not t.check.shadow)
+        # What the headers show, per tier; only enforced (non-shadow) rates are shown.
+        self.enforced = tuple(
+            i for i, t in enumerate(tiers) if not t.check.shadow and t.tier is not Tier.CONCURRENT
+        )
+        # The concurrency limits, as checks: decided once here, so a route without one
+        # does nothing more per request (see ``Enforcer.decide`` and ``lease_headers``).
+        self.leases = tuple(i + 1 for i, t in enumerate(tiers) if t.tier is Tier.CONCURRENT)
         self.shown_among = tuple(i + 1 for i in self.enforced)  # as checks: the gate is 0
         self.limits = tuple(shown_limit(t.check) for t in tiers)
         self.limit_texts = tuple(str(limit) for limit in self.limits)
@@ -137,7 +144,9 @@ class Route:
         if not self.rooms:
             return ()
         return tuple(
-            (i + 1, self.rooms[i], t.check.cost) for i, t in enumerate(self.tiers) if t.check.cost
+            (i + 1, self.rooms[i], t.check.cost)
+            for i, t in enumerate(self.tiers)
+            if t.check.cost and t.tier is not Tier.CONCURRENT  # a slot is not a rate's unit
         )
 
     def keys(self, ip_tag: str, tag: str, key_tag: str, tenant_tag: str = "") -> list[str]:
@@ -177,6 +186,22 @@ class Route:
             for i, t in enumerate(self.tiers)
         )  # fmt: skip
         return gate, Decision(self.plan.name, results, reply.now_us)
+
+    def lease_checks(self, keys: Sequence[str]) -> list[Check]:
+        """The concurrency limits' checks with the request's keys (its member in them)."""
+        return keyed([self.calls[i] for i in self.leases], [keys[i] for i in self.leases])
+
+    def lease_headers(self, reply: Reply) -> list[tuple[str, str]]:
+        """``X-Concurrency-Limit`` / ``-Remaining`` of the tightest concurrency limit
+        (fewest slots left); none on a route without one."""
+        if not self.leases:
+            return []
+        shown = reply.closest(self.leases)
+        limit = self.limit_texts[shown - 1]
+        return [
+            (CONCURRENCY_LIMIT, limit),
+            (CONCURRENCY_REMAINING, str(max(0, reply.remaining(shown)))),
+        ]
 
     def headers(self, reply: Reply, mode: HeaderMode) -> list[tuple[str, str]]:
         """``rate_limit_headers`` of ``self.decision(reply)``, byte for byte, from the

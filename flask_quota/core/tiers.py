@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["Tier"]
+__all__ = ["RATE_TIERS", "Tier"]
 
 
 class Tier(StrEnum):
@@ -17,3 +17,10 @@ class Tier(StrEnum):
     TENANT = "tenant"
     USER = "user"  # per identity: the business quota
     ENDPOINT = "endpoint"  # per identity, method and resource: expensive endpoints
+    # Not a rate: requests in flight at once (a plan's per caller, a limit's per resource).
+    CONCURRENT = "concurrent"
+
+
+RATE_TIERS = (Tier.GLOBAL, Tier.TENANT, Tier.USER, Tier.ENDPOINT)
+"""The tiers that hold rates: what plan limits, overrides, their SQL rows, the CLI and
+the dashboard name (a plan's concurrency limit is a number, not a tier's rate)."""

@@ -52,9 +52,12 @@ def is_count(value: object, *, minimum: int = 0) -> bool:
 def tier_name(value: str) -> Tier:
     """``"global"``, ``"tenant"``, ``"user"`` or ``"endpoint"`` (any case, blanks ignored)."""
     try:
-        return Tier(str(value).strip().lower())
+        tier = Tier(str(value).strip().lower())
     except ValueError:
-        raise ValueError(f"unknown tier {value!r}: use global, tenant, user or endpoint") from None
+        tier = None
+    if tier is None or tier is Tier.CONCURRENT:  # no rate: a plan's "concurrent" is a number
+        raise ValueError(f"unknown tier {value!r}: use global, tenant, user or endpoint")
+    return tier
 
 
 def resource_name(value: object) -> str:

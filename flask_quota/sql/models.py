@@ -31,7 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, validates
 
 from ..core import validators
-from ..core.tiers import Tier
+from ..core.tiers import RATE_TIERS
 
 __all__ = [
     "SCHEMA_REVISION",
@@ -63,7 +63,7 @@ metadata = MetaData(
     }
 )
 
-_TIERS = ", ".join(f"'{tier.value}'" for tier in Tier)
+_TIERS = ", ".join(f"'{tier.value}'" for tier in RATE_TIERS)
 # Endpoint rows name a resource, global and user rows do not ('' rather than NULL,
 # so that the unique constraints hold on every database).
 _RESOURCE_CHECK = "(tier = 'endpoint' AND resource <> '') OR (tier <> 'endpoint' AND resource = '')"

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..core.algorithms import Algorithm, Outcome
+from ..core.algorithms import Algorithm, Gate, Outcome
 from ..core.clock import US
 from ..core.rates import Rate
 from . import Check, Storage, Verdict
@@ -200,6 +200,8 @@ class DenyCache:
             for check, outcome in zip(checks, verdict.outcomes, strict=True):
                 if outcome.allowed or outcome.retry_after_us <= 0 or check.shadow:
                     continue  # a shadow denial is no denial
+                if check.algorithm is Gate.LEASE:
+                    continue  # a slot frees whenever a request ends: never assume it stays full
                 denial = _Denial(
                     rate=check.rate,
                     cost=check.cost,

@@ -107,6 +107,27 @@ class GuardedStorage:
         """Charge after the response (``quota.charge``), past the limit if need be."""
         self._after(lambda store: store.charge(checks), "charge")
 
+    def release(self, checks: Sequence[Check], *, local: bool) -> None:
+        """Give leases back (``core/leases.py``): to the fallback when it took them
+        (``local``), else to the storage. A release the storage cannot take is lost
+        and logged (at debug level: the breaker logs the outage once); the lease
+        expires after ``QUOTA_LEASE_SECONDS``."""
+        if local:
+            if self.fallback is not None:
+                self.fallback.refund(checks, 0)
+            return
+        attempt = self.breaker.allow()
+        if attempt is None:
+            log.debug("flask-quota: lease release lost: the storage is down, it expires")
+            return
+        try:
+            self.storage.refund(checks, 0)
+        except Exception as exc:
+            self._count_failure(attempt, exc)
+            log.warning("flask-quota: a lease release was lost (it expires): %s", exc)
+        else:
+            self.breaker.succeeded()
+
     def _after(self, call: Callable[[Storage], None], what: str) -> None:
         """Run a correction after the response, through the breaker like ``decide``.
 

@@ -12,6 +12,7 @@ from ..core.adjust import CHARGES, REFUNDS, Change, charge_window, refund_window
 from ..core.algorithms import (
     ALGORITHMS,
     Algorithm,
+    Gate,
     Step,
     block_gate,
     bound_debt,
@@ -20,6 +21,7 @@ from ..core.algorithms import (
 )
 from ..core.calendar import Calendar
 from ..core.generations import Generations
+from ..core.leases import lease_step, release, split
 from ..core.rates import Rate
 from .base import (
     BlockEntry,
@@ -84,7 +86,9 @@ class MemoryStorage:
         with self._lock:
             now = self._clock()
             for check in checks:
-                if check.cost > 0 and isinstance(check.algorithm, Algorithm):
+                if check.algorithm is Gate.LEASE:
+                    self._release(check.key, now)
+                elif check.cost > 0 and isinstance(check.algorithm, Algorithm):
                     state = self._live(check.key, now)
                     calendar, unit = check.calendar, check.rate.calendar
                     if calendar is not None and unit is not None:
@@ -178,8 +182,16 @@ class MemoryStorage:
                 if entry is None and step_of is gate:  # no block: what block_gate(None) says
                     reply += (1, 0, now, 0)
                     continue
-                live = entry[0] if entry is not None and entry[1] > now else None
-                allowed, _, remaining, reset, retry, state, ttl = step_of(live, now, rate, cost)
+                if step_of is _LEASE:  # the key names a lease set and this request's member
+                    key, member = split(key)
+                    held = get(key)
+                    live = held[0] if held is not None and held[1] > now else None
+                    step = lease_step(live, now, rate, cost, member)
+                    entry = held if cost else None  # a look (cost 0) writes nothing
+                else:
+                    live = entry[0] if entry is not None and entry[1] > now else None
+                    step = step_of(live, now, rate, cost)
+                allowed, _, remaining, reset, retry, state, ttl = step
                 reply += (1 if allowed else 0, remaining, reset, retry)
                 if allowed:  # a shadow check that would deny is not charged
                     if ttl > 0 or entry is not None:  # else: nothing stored, nothing to drop
@@ -219,6 +231,12 @@ class MemoryStorage:
         shape = [(_step_of(c), c.rate, c.cost, c.shadow) for c in checks]
         self._shapes.put(id(checks), (checks, shape))
         return shape
+
+    def _release(self, key: str, now: int) -> None:
+        """Give a lease back: its member leaves the set."""
+        set_key, member = split(key)
+        state, ttl = release(self._live(set_key, now), now, member)
+        self._store(set_key, state, ttl, now)
 
     def _live(self, key: str, now: int) -> Any:
         entry = self._data.get(key)
@@ -285,9 +303,19 @@ class MemoryStorage:
         return MemoryUsageSink(clock=self._clock)
 
 
+def _lease(state: Any, now: int, rate: Rate, cost: int) -> Step:  # pragma: no cover
+    """Marks a lease check in a shape: ``_run`` calls ``lease_step`` with its member."""
+    raise AssertionError("a lease is decided with its member")
+
+
+_LEASE = _lease
+
+
 def _step_of(check: Check) -> Callable[[Any, int, Rate, int], Step]:
     """The step function deciding ``check``: its algorithm's, or for a calendar rate a
     fixed window whose edges the calendar gives at the storage's ``now``."""
+    if check.algorithm is Gate.LEASE:
+        return _LEASE
     calendar, unit = check.calendar, check.rate.calendar
     if calendar is None or unit is None:
         return ALGORITHMS[check.algorithm]

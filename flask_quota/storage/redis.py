@@ -48,6 +48,7 @@ _PARTS = (
     "sliding_window_log.lua",
     "sliding_window_counter.lua",
     "block.lua",
+    "lease.lua",
     "decide.lua",
 )
 
@@ -59,7 +60,8 @@ def _script(*parts: str) -> str:
 
 
 SCRIPT = _script(*_PARTS)
-REFUND_SCRIPT = _script("common.lua", "refund.lua")  # undo a charge (charge_when, Cluster)
+# Undo a charge (charge_when, Cluster) or give a lease back.
+REFUND_SCRIPT = _script("common.lua", "lease.lua", "refund.lua")
 CHARGE_SCRIPT = _script("common.lua", "charge.lua")  # charge past the limit (quota.charge)
 
 

@@ -15,8 +15,10 @@ from flask import Flask
 from ..core.clock import seconds_until
 from ..core.identity import client_ip
 from ..core.keys import KeyBuilder, Tag
+from ..core.leases import split
 from ..core.plans import Plan, PlanCatalog
 from ..core.policy import TierCheck, on_billing_day
+from ..core.tiers import Tier
 from ..sql.admin import QuotaAdmin
 from ..state import QuotaState, limited_endpoints
 
@@ -101,7 +103,7 @@ def is_tag(tag: str) -> bool:
 class BucketState:
     """One bucket as ``peek`` saw it; nothing was charged."""
 
-    tier: str  # "global", "tenant", "user" or "endpoint"
+    tier: str  # "global", "tenant", "user", "endpoint" or "concurrent"
     name: str  # "global", "user" or "resource (METHOD)"
     rate: str
     limit: int
@@ -199,7 +201,7 @@ def peek(state: QuotaState, checks: Sequence[TierCheck]) -> list[BucketState]:
         BucketState(
             check.tier.value,
             check.name,
-            str(check.check.rate),
+            _rate_text(check),
             outcome.limit,
             outcome.remaining,
             seconds_until(outcome.reset_us, verdict.now_us),
@@ -224,7 +226,7 @@ def reset(
     worker's deny cache forgets its denials within the sync interval, so no worker
     keeps refusing the caller until the old retry time.
     """
-    keys = [c.check.key for c in checks]
+    keys = [_state_key(c) for c in checks]
     tags = caller.tags if caller is not None else _tags_in(keys)
     target = tags[0] if tags else "-"
     after = {"buckets": len(keys), "tags": tags}
@@ -232,6 +234,19 @@ def reset(
         state.storage.clear(keys)
     state.sql.bump()
     return len(keys)
+
+
+def _rate_text(check: TierCheck) -> str:
+    """A bucket's rate as peek shows it; a concurrency limit's slots (it has no rate)."""
+    if check.tier is Tier.CONCURRENT:
+        return f"{check.check.rate.limit} in flight"
+    return str(check.check.rate)
+
+
+def _state_key(check: TierCheck) -> str:
+    """Where a check's state is stored: its key, or for a lease check its set's (a reset
+    frees every slot the caller holds)."""
+    return split(check.check.key)[0] if check.tier is Tier.CONCURRENT else check.check.key
 
 
 def _tags_in(keys: Sequence[str]) -> list[str]:

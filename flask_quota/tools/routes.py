@@ -95,7 +95,7 @@ def plan_tiers(catalog: Mapping[str, Plan]) -> list[PlanTiers]:
             _rates(plan, Tier.GLOBAL, plan.global_rate),
             _rates(plan, Tier.TENANT, plan.tenant_rate),
             _rates(plan, Tier.USER, plan.user_rate),
-            getattr(plan, "concurrent", None),  # plans gain in-flight limits (SPEC 8.3)
+            plan.concurrent,
         )
         for plan in catalog.values()
     ]
@@ -175,7 +175,7 @@ def _limit(spec: LimitSpec, endpoint: str, catalog: Mapping[str, Plan]) -> Limit
         per_method=spec.per_method,
         charge_when=spec.charge_when is not None,
         exempt_when=spec.exempt_when is not None,
-        concurrent=getattr(spec, "concurrent", None),  # in-flight limits (SPEC 8.3)
+        concurrent=spec.concurrent,
         plans=plans,
     )
 

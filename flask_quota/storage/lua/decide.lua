@@ -39,6 +39,9 @@ for i, key in ipairs(KEYS) do
   local allowed, remaining, reset, retry, state, ttl
   if code == 'blk' then -- the gate has no rate: its arguments are not parsed
     allowed, remaining, reset, retry = block_gate(key, now)
+  elseif code == 'ls' then -- a lease: limit is its slots, window its lifetime
+    allowed, remaining, reset, retry, state = lease_gate(key, now, tonumber(ARGV[a + 1], 16),
+      tonumber(ARGV[a + 2], 16), tonumber(ARGV[a + 4]))
   elseif code == 'cw' then -- a calendar window: its window argument is its edges
     allowed, remaining, reset, retry, state, ttl = calendar_window(key, now,
       tonumber(ARGV[a + 1], 16), ARGV[a + 2], tonumber(ARGV[a + 4]))

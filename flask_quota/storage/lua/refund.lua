@@ -1,7 +1,7 @@
 -- Give back what decide.lua charged, for Redis Cluster's all-or-nothing across slots.
 -- A request whose tiers live in different slots is decided one slot at a time;
 -- when one slot denies, the slots that allowed call this to undo their charge.
--- KEYS[i]: a key decide.lua charged.
+-- KEYS[i]: a key decide.lua charged (a lease's names its member: see lease.lua).
 -- ARGV[1]: "" for the Redis server clock; an integer microsecond time only in tests.
 -- ARGV[2 + 6*(i-1) ...]: algorithm code, limit, window_us, capacity, cost, charged_at
 --   (charged_at is the "now" that decide.lua returned for the charge).
@@ -85,6 +85,7 @@ local refunds = {
   swl = refund_log,
   swc = refund_counter,
   blk = function() return 0 end, -- a block gate charges nothing
+  ls = release_lease, -- a lease given back (after the response, or a denial in another slot)
 }
 
 local changed = 0
