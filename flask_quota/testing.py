@@ -127,15 +127,17 @@ def assert_limited(
     *,
     tier: str | None = None,
     resource: str | None = None,
+    retry_after: str = "Retry-After",
 ) -> dict[str, Any]:
     """Assert that ``response`` is flask-quota's 429 (optionally for ``tier``/``resource``).
 
-    Checks the status, ``Retry-After`` (whole seconds, at least 1) and the
-    problem body; returns the body for further checks.
+    Checks the status, ``Retry-After`` (whole seconds, at least 1; ``retry_after``
+    is its name when ``QUOTA_HEADER_NAMES`` renames it) and the problem body;
+    returns the body for further checks.
     """
     assert response.status_code == 429, f"expected 429, got {response.status_code}"
-    retry_after = response.headers.get("Retry-After", "")
-    assert retry_after.isdigit() and int(retry_after) >= 1, f"bad Retry-After {retry_after!r}"
+    wait = response.headers.get(retry_after, "")
+    assert wait.isdigit() and int(wait) >= 1, f"bad {retry_after} {wait!r}"
     body = response.get_json(silent=True) or {}
     assert isinstance(body, dict) and body.get("status") == 429, f"not a quota problem: {body}"
     if tier is not None:

@@ -12,7 +12,7 @@ from flask.testing import FlaskClient
 from flask_quota import Quota, QuotaExceeded
 from flask_quota.core.headers import RENAMEABLE
 from flask_quota.storage import MemoryStorage
-from flask_quota.testing import FrozenClock
+from flask_quota.testing import FrozenClock, assert_limited
 
 RENAMED = {"X-RateLimit-Limit": "X-Quota-Limit", "X-RateLimit-Remaining": "X-Quota-Remaining"}
 EVERY = {
@@ -160,3 +160,11 @@ def test_bad_names_fail_at_init_app_naming_the_key(app: Flask, names: Any, messa
     with pytest.raises(ValueError, match=message) as caught:
         Quota(app)
     assert "QUOTA_HEADER_NAMES" in str(caught.value)
+
+
+def test_assert_limited_reads_the_renamed_retry_after(app: Flask, clock: FrozenClock) -> None:
+    _, client = limited_app(app, clock, QUOTA_HEADER_NAMES={"Retry-After": "X-Quota-Wait"})
+    client.get("/r")
+    denied = client.get("/r")
+    assert "Retry-After" not in denied.headers
+    assert assert_limited(denied, retry_after="X-Quota-Wait")["retry_after"] == 60
