@@ -80,9 +80,8 @@ def test_in_a_request_the_caller_owns_the_bucket(app: Flask, clock: FrozenClock)
 def test_outside_a_request_key_is_required(app: Flask) -> None:
     quota = Quota(app, storage=MemoryStorage())
     limit = quota.limited("1/minute", resource="jobs")
-    with app.app_context(), pytest.raises(RuntimeError, match="key="):
-        with limit:
-            pass
+    with app.app_context(), pytest.raises(RuntimeError, match="key="), limit:
+        pass
 
 
 @pytest.mark.parametrize(
@@ -102,3 +101,25 @@ def test_bad_arguments_are_refused_at_once(app: Flask, args: tuple[str], error: 
     else:
         with pytest.raises(ValueError):
             quota.limited(*args)
+
+
+def test_the_plan_sets_the_rate_and_switching_off_checks_nothing(
+    app: Flask, clock: FrozenClock
+) -> None:
+    """A plan's rate for the resource wins over the literal one (the default plan's
+    outside a request); with QUOTA_ENABLED False nothing is checked."""
+    app.config.update(QUOTA_PLANS={"free": {"resources": {"send_sms": "3/minute"}}})
+    quota = Quota(app, storage=MemoryStorage(clock))
+    with app.app_context():
+        for _ in range(3):
+            with quota.limited("1/minute", resource="send_sms", key="+1"):
+                pass
+        with pytest.raises(QuotaExceeded), quota.limited("1/minute", resource="send_sms", key="+1"):
+            pass
+    off = Flask(__name__, instance_path=app.instance_path + "-off")
+    off.config.update(QUOTA_ENABLED=False)
+    quiet = Quota(off, storage=MemoryStorage(clock))
+    with off.app_context():
+        for _ in range(3):
+            with quiet.limited("1/minute", key="+1"):
+                pass

@@ -92,7 +92,7 @@ def test_settle_above_the_limit_is_debt(app: Flask, clock: FrozenClock) -> None:
     quota = metered(app, MemoryStorage(clock))
     http = app.test_client()
     assert http.post("/complete?max=1&actual=1500").status_code == 200
-    assert left(app, quota) == 0
+    assert left(app, quota) == -500  # owed
     denied = http.post("/complete?max=1")
     assert denied.status_code == 429
 
@@ -117,9 +117,11 @@ def test_settle_applies_to_every_limit_of_a_stack(app: Flask, clock: FrozenClock
 @pytest.mark.parametrize("actual", [-1, 1.5, "3", True])
 def test_settle_refuses_what_is_not_a_count(app: Flask, actual: Any) -> None:
     quota = metered(app, MemoryStorage())
-    with app.test_request_context("/complete", method="POST"):
-        with pytest.raises(ValueError, match="settle"):
-            quota.settle(actual)
+    with (
+        app.test_request_context("/complete", method="POST"),
+        pytest.raises(ValueError, match="settle"),
+    ):
+        quota.settle(actual)
 
 
 def test_settle_needs_a_limited_view(app: Flask) -> None:

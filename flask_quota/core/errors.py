@@ -76,12 +76,20 @@ class QuotaExceeded(_Problem, TooManyRequests):
     The decision is on the exception: ``tier``, ``resource``, ``plan``, ``limit``,
     ``window``, ``remaining``, ``retry_after``, ``reset`` and ``upgrade``.
     ``cost`` is the request's cost on the endpoint tier: one above the limit's
-    capacity can never pass, and the detail says so.
+    capacity can never pass, and the detail says so. ``detail`` replaces the body's
+    ``detail`` (a limit's ``error_message=``).
     """
 
-    def __init__(self, decision: Decision, *, upgrade: str | None = None, cost: int = 1) -> None:
+    def __init__(
+        self,
+        decision: Decision,
+        *,
+        upgrade: str | None = None,
+        cost: int = 1,
+        detail: str | None = None,
+    ) -> None:
         denial = self._denial(decision, cost)
-        super().__init__(denial.detail)
+        super().__init__(denial.detail if detail is None else detail)
         # Set after super().__init__, which would reset ``retry_after``.
         self.decision = decision
         self.tier: str = denial.tier  # a Tier, or "blocked" (CallerBlocked)
