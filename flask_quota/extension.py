@@ -233,8 +233,10 @@ class Quota:
         Limits stack: several on one view are all checked, all-or-nothing, in one
         storage call, each with its own bucket and options.
         """
-        rate_of = rate if callable(rate) and not isinstance(rate, Rate | Rates) else None
-        parsed = parse_rates(rate) if rate is not None and rate_of is None else None  # type: ignore[arg-type]
+        if callable(rate):  # asked per request (see ``enforcer.rated``)
+            rate_of, parsed = rate, None
+        else:
+            rate_of, parsed = None, parse_rates(rate) if rate is not None else None
         if resource is not None:
             validators.resource_name(resource)
         if parsed is None and rate_of is None and resource is None:
@@ -525,7 +527,7 @@ class Quota:
         if (
             spec is not None
             and decided.reply.all_allowed
-            and (spec.charge_when or extra or actual is not None or decided.more)
+            and (spec.charge_when or extra or actual is not None or _judged(decided.more))
         ):
 
             def counted(limit: LimitSpec) -> bool:
@@ -539,6 +541,11 @@ class Quota:
             decision = decision or decided.decision()
             state.usage.record(decided.tag, decision.plan, decision.usage_outcomes())
         return response
+
+
+def _judged(more: tuple[LimitSpec, ...]) -> bool:
+    """True when a stacked view's further limit has a ``charge_when`` to ask."""
+    return any(spec.charge_when is not None for spec in more)
 
 
 def _limited_view(what: str) -> None:

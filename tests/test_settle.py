@@ -10,8 +10,11 @@ from flask import Flask, request
 from flask_quota import Quota
 from flask_quota.core.algorithms import Algorithm
 from flask_quota.storage import MemoryStorage, Storage
+from flask_quota.storage.redis import RedisStorage
 from flask_quota.testing import FrozenClock
 from tests.backends import backend  # noqa: F401  (the fixture)
+from tests.servers import RedisServer
+from tests.test_redis import CountingConnection, counting_client
 
 Backend = tuple[Storage, FrozenClock]
 
@@ -135,3 +138,35 @@ def test_settle_needs_a_limited_view(app: Flask) -> None:
     app.config["TESTING"] = True
     with pytest.raises(RuntimeError, match="settle"):
         app.test_client().get("/free")
+
+
+def test_the_last_settle_counts(app: Flask, clock: FrozenClock) -> None:
+    app.config.update(QUOTA_PLANS={"free": {"user": "1000/minute"}})
+    quota = Quota(app, storage=MemoryStorage(clock))
+
+    @app.post("/twice")
+    @quota.limit("1000/hour", resource="tokens", cost=100)
+    def twice() -> str:
+        quota.settle(50)
+        quota.settle(20)
+        return "ok"
+
+    app.test_client().post("/twice")
+    assert left(app, quota) == 980
+
+
+def test_settling_costs_one_round_trip_after_the_response(
+    redis_server: RedisServer, app: Flask
+) -> None:
+    """Admission stays one round trip; settling to another total adds one, settling to
+    the admitted cost none."""
+    client = counting_client(redis_server)
+    client.flushall()
+    metered(app, RedisStorage(client, clock=FrozenClock()))
+    http = app.test_client()
+    http.post("/complete?actual=100")  # warm the connection and the scripts
+    http.post("/complete?actual=1")
+    for actual, trips in [(100, 1), (10, 2), (300, 2)]:
+        before = CountingConnection.sent
+        assert http.post(f"/complete?actual={actual}").status_code == 200
+        assert CountingConnection.sent - before == trips, actual

@@ -166,3 +166,22 @@ def test_a_blueprint_takes_stacked_limits(app: Flask, clock: FrozenClock) -> Non
     http = app.test_client()
     assert http.get("/y").status_code == 200
     assert http.get("/y").get_json()["resource"] == "api_daily"
+
+
+def test_charge_when_refunds_only_its_own_limit(app: Flask, clock: FrozenClock) -> None:
+    """A failed response is refunded on the limit whose charge_when says so (wherever it
+    sits in the stack), and still counted on the other."""
+    app.config.update(QUOTA_PLANS=USER)
+    quota = Quota(app, storage=MemoryStorage(clock))
+
+    @app.get("/login")
+    @quota.limit("5/minute", resource="failures", charge_when=lambda r: r.status_code >= 400)
+    @quota.limit("10/minute", resource="attempts")
+    def login() -> tuple[str, int]:
+        return "no", 401 if "bad" in request.args else 200
+
+    http = app.test_client()
+    http.get("/login")
+    http.get("/login?bad=1")
+    buckets = {b.name: b.remaining for b in _peek(app, quota) if b.tier == "endpoint"}
+    assert buckets == {"failures (GET)": 4, "attempts (GET)": 8}

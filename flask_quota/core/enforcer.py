@@ -307,7 +307,9 @@ class Enforcer:
             reply = self._call(route, keys)
         if reply is None:  # storage down, failing open
             return None
-        decided = Decided(route, reply, keys, tag, spec, tuple(s for s, _, _ in more))
+        decided = Decided(
+            route, reply, keys, tag, spec, tuple(s for s, _, _ in more) if more else ()
+        )
         # Only an admitted request was charged, so only it can cross the near-limit line.
         crossed = route.crossings(reply) if reply.all_allowed else None
         if not crossed and reply.all_allowed and not route.shadow and observer is None:
