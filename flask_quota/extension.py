@@ -316,7 +316,9 @@ class Quota:
         if not validators.is_count(actual):
             raise ValueError(f"quota.settle() takes an int >= 0, got {actual!r}")
         _limited_view("quota.settle()")
-        g._get_current_object()._quota_actual = actual
+        scope = g._get_current_object()
+        extra, _ = scope.__dict__.get("_quota_after", _NOTHING_AFTER)
+        scope._quota_after = (extra, actual)
 
     def charge(self, units: int) -> None:
         """Charge ``units`` more on this request's endpoint tier, after the response.
@@ -329,7 +331,8 @@ class Quota:
             raise ValueError(f"quota.charge() takes an int >= 0, got {units!r}")
         _limited_view("quota.charge()")
         scope = g._get_current_object()
-        scope._quota_extra = scope.__dict__.get("_quota_extra", 0) + units
+        extra, actual = scope.__dict__.get("_quota_after", _NOTHING_AFTER)
+        scope._quota_after = (extra + units, actual)
 
     def identity_loader(
         self, loader: Callable[[], Identity | None]
@@ -522,8 +525,8 @@ class Quota:
         state: QuotaState = current_app.extensions["quota"]
         mode, headers, spec = state.settings.headers, response.headers, decided.spec
         decision = None
-        extra: int = scope.__dict__.pop("_quota_extra", 0)
-        actual: int | None = scope.__dict__.pop("_quota_actual", None)
+        # What the view asked for after the response: quota.charge's units, quota.settle's.
+        extra, actual = scope.__dict__.pop("_quota_after", _NOTHING_AFTER)
         if (
             spec is not None
             and decided.reply.all_allowed
@@ -541,6 +544,10 @@ class Quota:
             decision = decision or decided.decision()
             state.usage.record(decided.tag, decision.plan, decision.usage_outcomes())
         return response
+
+
+# ``g._quota_after`` until a view calls quota.charge or quota.settle: (units, actual).
+_NOTHING_AFTER: tuple[int, int | None] = (0, None)
 
 
 def _judged(more: tuple[LimitSpec, ...]) -> bool:

@@ -51,9 +51,9 @@ Limit = tuple[LimitSpec, int, str | None]  # a limit that applies: (spec, cost, 
 FAIL_CLOSED, FAIL_OPEN = "fail_closed", "fail_open"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per request, and frozen costs twice
 class Facts:
-    """What the decision needs to know about one request."""
+    """What the decision needs to know about one request (never changed once made)."""
 
     method: str
     endpoint: str | None
