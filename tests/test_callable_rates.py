@@ -16,9 +16,7 @@ PAID: set[str] = set()
 def ai_app(app: Flask, clock: FrozenClock) -> tuple[Flask, Quota]:
     # A window counts requests, so a rate change keeps the count (a token bucket keeps
     # its time instead: see docs/usage.md).
-    app.config.update(
-        QUOTA_PLANS={"free": {"user": "1000/minute"}}, QUOTA_ALGORITHM="fixed_window"
-    )
+    app.config.update(QUOTA_PLANS={"free": {"user": "1000/minute"}}, QUOTA_ALGORITHM="fixed_window")
     quota = Quota(app, storage=MemoryStorage(clock))
 
     @quota.identity_loader
@@ -106,9 +104,7 @@ def test_a_bad_answer_names_the_view(
 
 
 def test_a_callable_rate_on_a_stacked_view(app: Flask, clock: FrozenClock) -> None:
-    app.config.update(
-        QUOTA_PLANS={"free": {"user": "1000/minute"}}, QUOTA_ALGORITHM="fixed_window"
-    )
+    app.config.update(QUOTA_PLANS={"free": {"user": "1000/minute"}}, QUOTA_ALGORITHM="fixed_window")
     quota = Quota(app, storage=MemoryStorage(clock))
 
     @app.get("/both")
