@@ -5,9 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 from flask import Flask, g, request
+from redis.crc import key_slot
 
 from flask_quota import Identity, Quota
+from flask_quota.core.algorithms import Algorithm
+from flask_quota.core.keys import KeyBuilder, remote_ip_tag
 from flask_quota.storage import MemoryStorage
 from flask_quota.storage.redis import RedisStorage
 from flask_quota.testing import FrozenClock
@@ -185,3 +189,42 @@ def test_charge_when_refunds_only_its_own_limit(app: Flask, clock: FrozenClock) 
     http.get("/login?bad=1")
     buckets = {b.name: b.remaining for b in _peek(app, quota) if b.tier == "endpoint"}
     assert buckets == {"failures (GET)": 4, "attempts (GET)": 8}
+
+
+def test_stacked_limits_in_two_slots_of_a_cluster(cluster: Any, app: Flask) -> None:
+    """On Redis Cluster a stack whose key= limit lives in another slot is still
+    all-or-nothing (the team's denial leaves the caller's own limit as it was), and
+    quota.settle corrects both slots."""
+    cluster.wait_healthy()
+    client = cluster.client()
+    try:
+        client.flushall(target_nodes=redis.RedisCluster.PRIMARIES)
+    finally:
+        client.close()
+    app.config.update(
+        QUOTA_STORAGE_URL=cluster.url,
+        QUOTA_STORAGE_TIMEOUT=0.5,
+        QUOTA_PLANS=USER,
+        QUOTA_ALGORITHM="fixed_window",
+        QUOTA_DENY_CACHE=False,
+    )
+    quota = Quota(app)
+
+    @app.get("/team")
+    @quota.limit("30/day", resource="team", key=lambda: "blue", cost=10)
+    @quota.limit("100/day", resource="mine", cost=10)
+    def team() -> str:
+        if "actual" in request.args:
+            quota.settle(int(request.args["actual"]))
+        return "ok"
+
+    http = app.test_client()
+    assert http.get("/team?actual=5").status_code == 200  # team 5, mine 5
+    assert [http.get("/team").status_code for _ in range(3)] == [200, 200, 429]
+    with app.app_context():
+        mine = [b.remaining for b in quota.peek(ip="127.0.0.1") if b.name == "mine (GET)"]
+    assert mine == [75]  # 5 + 10 + 10: the denied request took nothing here
+    keys, fw = KeyBuilder("quota"), Algorithm.FIXED_WINDOW
+    team_key = keys.endpoint_key(keys.key_tag("blue"), "GET", "team", fw)
+    mine_key = keys.endpoint_key(remote_ip_tag("127.0.0.1"), "GET", "mine", fw)
+    assert key_slot(team_key.encode()) != key_slot(mine_key.encode())
