@@ -178,11 +178,11 @@ def named(specs: Limits, endpoint: str) -> Limits:
     out: list[LimitSpec] = []
     unnamed = 0
     for spec in specs:
-        if spec.resource is None:
+        name = spec.resource
+        if name is None:
             unnamed += 1
             name = endpoint if unnamed == 1 else f"{endpoint}.{unnamed}"
-            spec = replace(spec, resource=name)
-        out.append(spec)
+        out.append(replace(spec, resource=name, stacked=True))
     return tuple(out)
 
 

@@ -228,3 +228,22 @@ def test_stacked_limits_in_two_slots_of_a_cluster(cluster: Any, app: Flask) -> N
     team_key = keys.endpoint_key(keys.key_tag("blue"), "GET", "team", fw)
     mine_key = keys.endpoint_key(remote_ip_tag("127.0.0.1"), "GET", "mine", fw)
     assert key_slot(team_key.encode()) != key_slot(mine_key.encode())
+
+
+def test_one_limit_left_of_a_stack_is_that_limit(app: Flask, clock: FrozenClock) -> None:
+    """When key= or exempt_when leaves one limit of a stack, the request is decided on
+    that one: whichever it is (their routes are not confused)."""
+    app.config.update(QUOTA_PLANS=USER)
+    quota = Quota(app, storage=MemoryStorage(clock))
+
+    @app.get("/s")
+    @quota.limit("1/minute", resource="per_org", key=lambda: request.args.get("org"))
+    @quota.limit("3/minute", resource="mine", exempt_when=lambda: "org" in request.args)
+    def s() -> str:
+        return "ok"
+
+    http = app.test_client()
+    assert [http.get("/s").status_code for _ in range(4)] == [200, 200, 200, 429]
+    assert http.get("/s").get_json()["resource"] == "mine"
+    assert [http.get("/s?org=a").status_code for _ in range(2)] == [200, 429]
+    assert http.get("/s?org=a").get_json()["resource"] == "per_org"

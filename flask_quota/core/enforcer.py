@@ -461,8 +461,8 @@ class Enforcer:
         if catalog is not self.routes_of:
             self.routes.clear()
             self.routes_of = catalog
-        shape = None  # one literal-rate limit: the endpoint and cost say all
-        if more or (spec is not None and spec.rate_of is not None):
+        shape = None  # a view's one literal-rate limit: the endpoint and cost say all
+        if more or (spec is not None and (spec.rate_of is not None or spec.stacked)):
             shape = (spec, tuple((s, c) for s, c, _ in more))  # rates and costs of each
         key = (id(plan), endpoint, method, cost, spec is None, tenant, shape)
         found = self.routes.current.get(key)

@@ -59,6 +59,7 @@ class LimitSpec:
     # A callable rate: its answer (a rate string, or several) is this request's ``rate``.
     rate_of: Callable[[], object] | None = None
     error_message: str | Callable[[], str] | None = None  # the 429's ``detail`` when it denies
+    stacked: bool = False  # one of several on its view (``state.named``): its route says which
     # A callable rate's answers -> this limit with those rates (see ``enforcer.rated``).
     rated: Generations[object, LimitSpec] = field(
         default_factory=lambda: Generations(64), init=False, compare=False, repr=False
