@@ -12,16 +12,27 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from blinker import NamedSignal
-from flask import Blueprint, Flask, Request, Response, current_app, g, jsonify, request
+from flask import (
+    Blueprint,
+    Flask,
+    Request,
+    Response,
+    current_app,
+    g,
+    has_request_context,
+    jsonify,
+    request,
+)
 
 from . import signals
 from .cli import quota_cli
 from .core import leases, validators
-from .core.enforcer import Decided, Enforcer, Facts, limit_hooks
+from .core.enforcer import Decided, Enforcer, Facts, limit_hooks, stack_hooks
 from .core.errors import InvalidApiKey, QuotaExceeded
 from .core.headers import ENVIRON_KEY, RETRY_AFTER, HeaderMode, apply_headers, rate_limit_headers
 from .core.identity import Identity, plausible_api_key
 from .core.keys import KeyBuilder, remote_ip_tag
+from .core.limited import Limited, limited_spec
 from .core.observers import combined
 from .core.policy import Decision, LimitSpec, Policy, TierResult
 from .core.rates import Rate, Rates, parse_rates
@@ -31,7 +42,7 @@ from .settings import DEFAULTS, Settings, reference
 from .sql import plansync
 from .sql.errors import KeysUnavailable
 from .sql.store import SqlStore
-from .state import LIMIT_ATTR, QuotaState, exempt, get_state, limit_of, limited_endpoints
+from .state import QuotaState, add_limit, exempt, get_state, limited_endpoints
 from .storage import Storage, storage_from_url
 from .storage.breaker import CircuitBreaker
 from .storage.denycache import DenyCache
@@ -197,7 +208,7 @@ class Quota:
 
     def limit(
         self,
-        rate: str | Rate | Rates | None = None,
+        rate: str | Rate | Rates | Callable[[], str] | None = None,
         *,
         resource: str | None = None,
         cost: int | Callable[[], int] = 1,
@@ -206,11 +217,14 @@ class Quota:
         charge_when: Callable[[Response], bool] | None = None,
         exempt_when: Callable[[], bool] | None = None,
         concurrent: int | None = None,
+        error_message: str | Callable[[], str] | None = None,
     ) -> Callable[[V], V]:
         """Add the endpoint tier to a view, or to every view of a blueprint.
 
         The rates come from the caller's plan for ``resource``, falling back to
-        the literal ``rate`` (one rate or several, ``"10/second, 10000/day"``).
+        the literal ``rate`` (one rate or several, ``"10/second, 10000/day"``), or to
+        what a callable ``rate()`` returns for the request (parsed once per distinct
+        answer; the bucket stays the same whatever the rate).
         ``cost`` (an int or a callable returning one) weighs the request.
         ``key()`` names the bucket's owner (e.g. an organisation) instead of the
         caller. ``per_method=False`` shares one bucket across methods (``HEAD``
@@ -218,14 +232,21 @@ class Quota:
         refunds the request after the response. ``exempt_when()`` returning True
         skips this limit for the request. ``concurrent=N`` lets at most ``N`` requests
         of the caller (or of the ``key()`` owner) run at once on the resource; alone, it
-        is the whole limit.
+        is the whole limit. ``error_message`` (a str, or a callable returning one) is
+        the 429's ``detail`` when this limit denies.
+
+        Limits stack: several on one view are all checked, all-or-nothing, in one
+        storage call, each with its own bucket and options.
         """
-        parsed = parse_rates(rate) if rate is not None else None
+        if callable(rate):  # asked per request (see ``enforcer.rated``)
+            rate_of, parsed = rate, None
+        else:
+            rate_of, parsed = None, parse_rates(rate) if rate is not None else None
         if resource is not None:
             validators.resource_name(resource)
         if concurrent is not None:
             leases.slots(concurrent)
-        if parsed is None and resource is None and concurrent is None:
+        if parsed is None and rate_of is None and resource is None and concurrent is None:
             raise ValueError(
                 "quota.limit() needs a rate such as '10/minute' or a resource whose rate the "
                 "plans define, e.g. quota.limit(resource='ai_inference')"
@@ -236,18 +257,52 @@ class Quota:
         for name, hook in hooks.items():
             if hook is not None and not callable(hook):
                 raise ValueError(f"{name} must be a callable, got {hook!r}")
+        if error_message is not None and not (
+            isinstance(error_message, str) or callable(error_message)
+        ):
+            raise ValueError(f"error_message must be a str or a callable, got {error_message!r}")
         spec = LimitSpec(
-            parsed, resource, cost, key, bool(per_method), charge_when, exempt_when, concurrent
-        )
+            parsed, resource, cost, key, bool(per_method), charge_when, exempt_when,
+            concurrent=concurrent, rate_of=rate_of, error_message=error_message,
+        )  # fmt: skip
 
         def decorator(view: V) -> V:
-            if limit_of(view) is not None:
-                what = getattr(view, "name", None) or getattr(view, "__name__", repr(view))
-                raise ValueError(f"{what} already has a @quota.limit; use one per view")
-            setattr(view, LIMIT_ATTR, spec)
+            add_limit(view, spec)
             return view
 
         return decorator
+
+    def limited(
+        self,
+        rate: str | Rate | Rates,
+        *,
+        resource: str | None = None,
+        key: str | None = None,
+        cost: int = 1,
+    ) -> Limited:
+        """A limit for code that is not a view: ``with quota.limited("5/minute",
+        resource="send_sms", key=phone): send()``, or as a decorator on a function.
+
+        Entering charges ``cost`` on that one bucket (no other tier) or raises
+        ``QuotaExceeded``. The bucket is ``key``'s, else the current request's caller;
+        outside a request ``key`` is required. The caller's plan may set the
+        resource's rate, as for ``@quota.limit``; outside a request the default plan's.
+        """
+        return Limited(limited_spec(rate, resource, key, cost), self._limited_context)
+
+    def _limited_context(self) -> tuple[Enforcer, Facts | None] | None:
+        """What a ``quota.limited`` decides with on entry: the enforcer and the request's
+        caller (None outside a request); None when quota is switched off."""
+        state = get_state()
+        if not state.settings.enabled:
+            return None
+        if not has_request_context():
+            return state.enforcer, None
+        req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        identity = self._identify(state.settings, req)
+        return state.enforcer, Facts(
+            req.method, req.endpoint, remote_ip_tag(req.remote_addr), identity
+        )
 
     def exempt(self, view: V) -> V:
         """No tier applies to this view, or to any view of this blueprint."""
@@ -258,6 +313,20 @@ class Quota:
         self._request_filters.append(check)
         return check
 
+    def settle(self, actual: int) -> None:
+        """Make this request's endpoint-tier charge exactly ``actual`` units, after the
+        response: the difference from the admitted cost is refunded, or charged (into
+        debt if need be). ``quota.charge(n)`` adds on top of it, called before or after;
+        with stacked limits it applies to each of them. Call it in a view with
+        ``@quota.limit``; the last call wins.
+        """
+        if not validators.is_count(actual):
+            raise ValueError(f"quota.settle() takes an int >= 0, got {actual!r}")
+        _limited_view("quota.settle()")
+        scope = g._get_current_object()
+        extra, _ = scope.__dict__.get("_quota_after", _NOTHING_AFTER)
+        scope._quota_after = (extra, actual)
+
     def charge(self, units: int) -> None:
         """Charge ``units`` more on this request's endpoint tier, after the response.
 
@@ -267,15 +336,10 @@ class Quota:
         """
         if not validators.is_count(units):
             raise ValueError(f"quota.charge() takes an int >= 0, got {units!r}")
-        endpoint = request.endpoint
-        app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
-        if endpoint is None or get_state(app).view_limit(app, endpoint)[1] is None:
-            raise RuntimeError(
-                f"quota.charge() in {endpoint!r}, which has no @quota.limit: there is no "
-                "endpoint tier to charge; decorate the view with @quota.limit(...)"
-            )
+        _limited_view("quota.charge()")
         scope = g._get_current_object()
-        scope._quota_extra = scope.__dict__.get("_quota_extra", 0) + units
+        extra, actual = scope.__dict__.get("_quota_after", _NOTHING_AFTER)
+        scope._quota_after = (extra + units, actual)
 
     def identity_loader(
         self, loader: Callable[[], Identity | None]
@@ -404,18 +468,25 @@ class Quota:
                 return
         endpoint = req.endpoint
         spec: LimitSpec | None = None
+        specs: tuple[LimitSpec, ...] = ()
         if endpoint is not None:
-            exempt, spec = state.views.get(endpoint) or state.view_limit(app, endpoint)
+            exempt, specs = state.views.get(endpoint) or state.view_limit(app, endpoint)
             if exempt:
                 return
-            if spec is not None and spec.exempt_when is not None and spec.exempt_when():
-                spec = None
+            if len(specs) == 1:  # the usual case: one limit
+                spec = specs[0]
+                if spec.exempt_when is not None and spec.exempt_when():
+                    spec = None
         identity = self._identify(settings, req)
         if "HTTP_X_FORWARDED_FOR" in req.environ and not state.proxy_warned:
             _warn_no_proxy_fix(state, req)
-        spec, cost, owner = limit_hooks(spec, endpoint)
         ip_tag = remote_ip_tag(req.remote_addr)
-        facts = Facts(req.method, endpoint, ip_tag, identity, spec, cost, owner)
+        if len(specs) > 1:  # stacked limits: each is evaluated, all in one decision
+            spec, cost, owner, more = stack_hooks(specs, endpoint)
+            facts = Facts(req.method, endpoint, ip_tag, identity, spec, cost, owner, more)
+        else:
+            spec, cost, owner = limit_hooks(spec, endpoint)
+            facts = Facts(req.method, endpoint, ip_tag, identity, spec, cost, owner)
         try:
             decided = state.enforcer.decide(facts, _keep)
         except QuotaExceeded as exc:
@@ -472,10 +543,18 @@ class Quota:
         if decided.route.leases:
             self._hold_leases(state, scope, response, decided)
         decision = None
-        extra: int = scope.__dict__.pop("_quota_extra", 0)
-        if spec is not None and decided.reply.all_allowed and (spec.charge_when or extra):
-            counted = spec.charge_when is None or bool(spec.charge_when(response))
-            decision = state.enforcer.settle(decided, counted=counted, extra=extra)
+        # What the view asked for after the response: quota.charge's units, quota.settle's.
+        extra, actual = scope.__dict__.pop("_quota_after", _NOTHING_AFTER)
+        if (
+            spec is not None
+            and decided.reply.all_allowed
+            and (spec.charge_when or extra or actual is not None or _judged(decided.more))
+        ):
+
+            def counted(limit: LimitSpec) -> bool:
+                return limit.charge_when is None or bool(limit.charge_when(response))
+
+            decision = state.enforcer.settle(decided, counted=counted, extra=extra, actual=actual)
             apply_headers(headers, rate_limit_headers(decision, mode), names)
         else:
             apply_headers(headers, decided.route.headers(decided.reply, mode), names)
@@ -523,6 +602,26 @@ def _release_at_teardown(error: BaseException | None) -> None:
     if leased is not None:
         state: QuotaState = current_app.extensions["quota"]
         _Release(state.enforcer, leased)()
+
+
+# ``g._quota_after`` until a view calls quota.charge or quota.settle: (units, actual).
+_NOTHING_AFTER: tuple[int, int | None] = (0, None)
+
+
+def _judged(more: tuple[LimitSpec, ...]) -> bool:
+    """True when a stacked view's further limit has a ``charge_when`` to ask."""
+    return any(spec.charge_when is not None for spec in more)
+
+
+def _limited_view(what: str) -> None:
+    """Refuse ``what`` (``quota.charge()``, ``quota.settle()``) outside a limited view."""
+    endpoint = request.endpoint
+    app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
+    if endpoint is None or not get_state(app).view_limit(app, endpoint)[1]:
+        raise RuntimeError(
+            f"{what} in {endpoint!r}, which has no @quota.limit: there is no "
+            "endpoint tier to charge; decorate the view with @quota.limit(...)"
+        )
 
 
 def _keep(decided: Decided) -> None:

@@ -9,7 +9,7 @@ extension imports needs to import the extension back.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from flask import Blueprint, Flask, current_app
@@ -32,6 +32,7 @@ __all__ = [
     "EXEMPT_ATTR",
     "LIMIT_ATTR",
     "QuotaState",
+    "add_limit",
     "exempt",
     "get_state",
     "limit_of",
@@ -40,6 +41,7 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any] | Blueprint)
+Limits = tuple[LimitSpec, ...]  # a view's limits, the one nearest the function first
 
 # What the decorators leave on a view function; read once per request.
 LIMIT_ATTR = "__quota_limit__"
@@ -61,16 +63,16 @@ class QuotaState:
     enforcer: Enforcer
     usage: UsageRecorder | None = None  # per-minute counts for the dashboard, when mounted
     metrics: QuotaMetrics | None = None  # with QUOTA_METRICS_URL
-    # endpoint -> (exempt, limit), resolved at an endpoint's first request: one dict
+    # endpoint -> (exempt, limits), resolved at an endpoint's first request: one dict
     # lookup per request instead of attribute probes on the view and its blueprints.
-    views: dict[str, tuple[bool, LimitSpec | None]] = field(default_factory=dict)
+    views: dict[str, tuple[bool, Limits]] = field(default_factory=dict)
     proxy_warned: bool = False  # X-Forwarded-For without ProxyFix has been checked (once)
     # block key -> (expires, what its 429 may say), see ``blocks.refusal``
     block_infos: Generations[str, tuple[float, dict[str, str | None]]] = field(
         default_factory=lambda: Generations(1024)
     )
 
-    def view_limit(self, app: Flask, endpoint: str) -> tuple[bool, LimitSpec | None]:
+    def view_limit(self, app: Flask, endpoint: str) -> tuple[bool, Limits]:
         """``view_limit(app, endpoint)``, cached (routes are fixed once requests run)."""
         found = self.views.get(endpoint)
         if found is None:
@@ -127,41 +129,74 @@ def exempt(view: F) -> F:
     return view
 
 
-def limit_of(view: Any) -> LimitSpec | None:
-    """The ``@quota.limit`` recorded on a view function, if any."""
-    spec: LimitSpec | None = getattr(view, LIMIT_ATTR, None)
-    return spec
+def limit_of(view: Any) -> Limits:
+    """The ``@quota.limit`` decorators recorded on a view function (or a blueprint), the
+    one nearest the function first; empty when there is none."""
+    specs: Limits = getattr(view, LIMIT_ATTR, ())
+    return specs
 
 
-def view_limit(app: Flask, endpoint: str) -> tuple[bool, LimitSpec | None]:
-    """``(exempt, limit)`` of an endpoint: the view's own decorator wins, then its
+def add_limit(view: Any, spec: LimitSpec) -> None:
+    """Record one more ``@quota.limit`` on ``view``; two explicit resources must differ
+    (they would be one bucket charged twice)."""
+    found = limit_of(view)
+    if spec.resource is not None and any(s.resource == spec.resource for s in found):
+        what = getattr(view, "name", None) or getattr(view, "__name__", repr(view))
+        raise ValueError(
+            f"{what} already has a @quota.limit with resource {spec.resource!r}; "
+            "give each limit stacked on a view its own resource"
+        )
+    setattr(view, LIMIT_ATTR, (*found, spec))
+
+
+def view_limit(app: Flask, endpoint: str) -> tuple[bool, Limits]:
+    """``(exempt, limits)`` of an endpoint: the view's own decorators win, then its
     blueprints', innermost first. Static files are exempt: they are not the API."""
     if endpoint.rpartition(".")[2] == "static":
-        return True, None
+        return True, ()
     view = app.view_functions.get(endpoint)
     if getattr(view, EXEMPT_ATTR, False):
-        return True, None
-    spec = limit_of(view)
+        return True, ()
+    specs = limit_of(view)
     name = endpoint.rpartition(".")[0]
-    while spec is None and name:  # "parent.child.view": child first, then parent
+    while not specs and name:  # "parent.child.view": child first, then parent
         blueprint = app.blueprints.get(name)
         if getattr(blueprint, EXEMPT_ATTR, False):
-            return True, None
-        spec = limit_of(blueprint)
+            return True, ()
+        specs = limit_of(blueprint)
         name = name.rpartition(".")[0]
-    return False, spec
+    return False, named(specs, endpoint)
+
+
+def named(specs: Limits, endpoint: str) -> Limits:
+    """Stacked limits with their resources set, so each has a bucket of its own: the
+    first without one (nearest the function) takes the endpoint's name, as a lone
+    limit does, and the n-th is named ``ENDPOINT.n``; adding a limit above the others
+    leaves their buckets' keys as they were. A lone limit is left as it is."""
+    if len(specs) < 2:
+        return specs
+    out: list[LimitSpec] = []
+    unnamed = 0
+    for spec in specs:
+        name = spec.resource
+        if name is None:
+            unnamed += 1
+            name = endpoint if unnamed == 1 else f"{endpoint}.{unnamed}"
+        out.append(replace(spec, resource=name, stacked=True))
+    return tuple(out)
 
 
 def limited_endpoints(app: Flask) -> list[tuple[str, str, LimitSpec]]:
-    """(method, resource, spec) for every limited route: the endpoint buckets an
-    identity can have, for usage views and resets. A limit with ``per_method=False``
-    has one bucket, under the method ``*``."""
+    """(method, resource, spec) for every limit of every limited route: the endpoint
+    buckets an identity can have, for usage views and resets. A limit with
+    ``per_method=False`` has one bucket, under the method ``*``."""
     found: dict[tuple[str, str], LimitSpec] = {}
     for rule in app.url_map.iter_rules():
-        exempt, spec = view_limit(app, rule.endpoint)
-        if spec is None or exempt:
+        exempt, specs = view_limit(app, rule.endpoint)
+        if exempt:
             continue
         methods = (rule.methods or set()) - {"HEAD", "OPTIONS"}
-        for method in sorted({spec.method_of(m) for m in methods}):
-            found.setdefault((method, spec.resource or rule.endpoint), spec)
+        for spec in specs:
+            for method in sorted({spec.method_of(m) for m in methods}):
+                found.setdefault((method, spec.resource or rule.endpoint), spec)
     return [(method, resource, spec) for (method, resource), spec in sorted(found.items())]

@@ -348,9 +348,10 @@ def test_decorator_arguments_are_validated(app: Flask) -> None:
     def view() -> str:
         return ""
 
-    quota.limit("1/second")(view)
+    quota.limit("1/second", resource="r")(view)
+    quota.limit("2/second")(view)  # limits stack, each on its own bucket
     with pytest.raises(ValueError, match="already has"):
-        quota.limit("2/second")(view)
+        quota.limit("2/second", resource="r")(view)  # two limits, one bucket
 
 
 @pytest.mark.parametrize(

@@ -337,7 +337,7 @@ def test_blueprint_limit_exempt_and_own_decorator(app: Flask, clock: FrozenClock
     response = http.get("/h")
     assert response.status_code == 200 and "RateLimit" not in response.headers
     with pytest.raises(ValueError, match=r"already has a @quota\.limit"):
-        quota.limit("1/minute")(admin)
+        quota.limit("1/minute", resource="admin")(admin)  # stacked limits need own buckets
 
 
 # -- exemptions ----------------------------------------------------------------

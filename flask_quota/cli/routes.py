@@ -99,10 +99,10 @@ def _keeps_tables(app: Flask, state: QuotaState) -> bool:
 
 def _limits_of(app: Flask, state: QuotaState) -> LimitsOf:
     def limits_of(endpoint: str) -> tuple[str | None, Sequence[LimitSpec]]:
-        exempt, spec = state.view_limit(app, endpoint)
+        exempt, specs = state.view_limit(app, endpoint)
         if exempt:
             return _why_exempt(app, endpoint), ()
-        return None, () if spec is None else (spec,)
+        return None, specs
 
     return limits_of
 

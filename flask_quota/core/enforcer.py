@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from . import leases
@@ -24,6 +24,7 @@ from .identity import Identity
 from .keys import KeyBuilder
 from .plans import Plan, PlanCatalog
 from .policy import Decision, LimitSpec, Policy, TierCheck, TierResult
+from .rates import Rate, Rates, parse_rates
 from .reply import LocalReply, Reply
 from .route import Route, build_route
 from .tiers import Tier
@@ -37,19 +38,23 @@ __all__ = [
     "Facts",
     "Guard",
     "limit_hooks",
+    "stack_hooks",
 ]
 
 ROUTES = 4096  # routes per generation of the route cache
-RouteKey = tuple[int, str | None, str, int, bool, bool]
+# (plan id, endpoint, method, cost, no limit?, tenant?, shape): ``shape`` is None for a
+# view with one literal-rate limit (the endpoint says which), else its limits and costs.
+RouteKey = tuple[int, str | None, str, int, bool, bool, object]
+Limit = tuple[LimitSpec, int, str | None]  # a limit that applies: (spec, cost, key owner)
 
 # What ``DecisionObserver.unavailable`` is told: the storage could not answer, and
 # the fail mode refused the request (closed) or let it through (open).
 FAIL_CLOSED, FAIL_OPEN = "fail_closed", "fail_open"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per request, and frozen costs twice
 class Facts:
-    """What the decision needs to know about one request."""
+    """What the decision needs to know about one request (never changed once made)."""
 
     method: str
     endpoint: str | None
@@ -58,6 +63,9 @@ class Facts:
     spec: LimitSpec | None = None  # the view's ``@quota.limit``, if it applies
     cost: int = 1  # the endpoint tier's cost, already evaluated
     owner: str | None = None  # the ``key=`` callable's answer: the endpoint bucket's owner
+    # A stacked view's further limits that apply, each (spec, cost, owner) as above: their
+    # resources are set (``state.view_limit``), and all are decided in the same call.
+    more: tuple[Limit, ...] = ()
 
 
 @dataclass(slots=True)  # not frozen: one is made per request, and frozen costs twice
@@ -70,9 +78,17 @@ class Decided:
     keys: list[str]
     tag: str  # the caller's tag (an identity's, or the address's when anonymous)
     spec: LimitSpec | None
+    more: tuple[LimitSpec, ...] = ()  # a stacked view's further limits (``Facts.more``)
 
     def decision(self) -> Decision:
         return self.route.decision(self.reply)[1]
+
+    def limit_of(self, resource: str | None) -> LimitSpec | None:
+        """The limit whose endpoint check has ``resource`` (a stacked view's are distinct)."""
+        for spec in self.more:
+            if spec.resource == resource:
+                return spec
+        return self.spec
 
 
 class Guard(Protocol):
@@ -118,6 +134,23 @@ class Events(Protocol):
     def near_limit(self, decision: Decision, result: TierResult) -> None: ...
 
 
+def counted_by(counted: Callable[[LimitSpec], bool], decided: Decided, check: TierCheck) -> bool:
+    """``counted``'s answer for the limit of ``check``, an endpoint check of ``decided``."""
+    spec = decided.limit_of(check.resource)
+    return spec is None or counted(spec)
+
+
+def _denying(facts: Facts, denied: TierResult) -> tuple[LimitSpec | None, int]:
+    """The limit that denied (None: a plan's tier) and its cost; a limit's own
+    ``concurrent=`` denial is that limit's too."""
+    if denied.tier not in (Tier.ENDPOINT, Tier.CONCURRENT) or denied.resource is None:
+        return None, facts.cost
+    for spec, cost, _ in facts.more:
+        if spec.resource == denied.resource:
+            return spec, cost
+    return facts.spec, facts.cost
+
+
 def limit_hooks(
     spec: LimitSpec | None, endpoint: str | None
 ) -> tuple[LimitSpec | None, int, str | None]:
@@ -132,6 +165,8 @@ def limit_hooks(
             return None, 1, None  # "no org on this request"
         if not isinstance(owner, str) or not owner:
             raise TypeError(f"key callable of {endpoint!r} returned {owner!r}, not a str (or None)")
+    if spec.rate_of is not None:
+        spec = rated(spec, endpoint)
     weight = spec.cost
     if not callable(weight):
         return spec, weight, owner  # an int, checked by @quota.limit
@@ -139,6 +174,59 @@ def limit_hooks(
     if not is_count(cost):
         raise TypeError(f"cost callable of {endpoint!r} returned {cost!r}, not an int >= 0")
     return spec, cost, owner
+
+
+def rated(spec: LimitSpec, endpoint: str | None) -> LimitSpec:
+    """``spec`` with its callable rate's answer for this request as its rates. Each
+    distinct answer is parsed once: ``spec.rated`` keeps the copies (bounded), and a
+    copy's rates are part of its route's key, while its bucket's key is the resource's."""
+    assert spec.rate_of is not None
+    answer = spec.rate_of()
+    if not isinstance(answer, str | Rate | Rates):
+        raise TypeError(
+            f"rate callable of {endpoint!r} returned {answer!r}, not a rate string such as "
+            "'10/minute' (or several, '10/second, 1000/day')"
+        )
+    cache = spec.rated
+    found = cache.current.get(answer) or cache.recall(answer)
+    if found is None:
+        try:
+            rates = parse_rates(answer)
+        except ValueError as exc:
+            raise ValueError(f"rate callable of {endpoint!r}: {exc}") from None
+        found = replace(spec, rate=rates)
+        cache.put(answer, found)
+    return found
+
+
+def stack_hooks(
+    specs: Sequence[LimitSpec], endpoint: str | None
+) -> tuple[LimitSpec | None, int, str | None, tuple[Limit, ...]]:
+    """``limit_hooks`` of each limit of a stacked view that applies to the request (its
+    ``exempt_when`` says no, its ``key`` an owner): the first as (limit, cost, owner),
+    the others as ``Facts.more``."""
+    found = [
+        hooked
+        for spec in specs
+        if spec.exempt_when is None or not spec.exempt_when()
+        for hooked in (limit_hooks(spec, endpoint),)
+        if hooked[0] is not None
+    ]
+    if not found:
+        return None, 1, None, ()
+    (spec, cost, owner), *more = found
+    return spec, cost, owner, tuple((s, c, o) for s, c, o in more if s is not None)
+
+
+def error_detail(spec: LimitSpec | None, endpoint: str | None) -> str | None:
+    """The ``error_message=`` of the limit that denied, evaluated; None: the default."""
+    message = spec.error_message if spec is not None else None
+    if message is None or isinstance(message, str):
+        return message
+    text = message()
+    if not isinstance(text, str):
+        raise TypeError(f"error_message callable of {endpoint!r} returned {text!r}, not a str")
+    return text
 
 
 class Enforcer:
@@ -194,9 +282,10 @@ class Enforcer:
         tag, plan, tenant = self.caller(catalog, facts)
         spec = facts.spec
         resource = (spec.resource or facts.endpoint) if spec is not None else None
+        more = facts.more
         route = self.route(
             catalog, plan, facts.endpoint, facts.method, spec, resource, facts.cost,
-            tenant=tenant is not None,
+            tenant=tenant is not None, more=more,
         )  # fmt: skip
         if not route.tiers:
             return None
@@ -208,7 +297,11 @@ class Enforcer:
         owner = KeyBuilder.key_tag(facts.owner) if facts.owner is not None else tag
         # The caller's block gate is read in the same storage call as its tiers (and its
         # tenant's bucket in the same call too: all-or-nothing across them).
-        keys = route.keys(facts.ip_tag, tag, owner, tenant or "")
+        if more:  # a stacked view: each further limit's key owner has a tag of its own
+            owners = tuple(KeyBuilder.key_tag(o) if o is not None else "" for _, _, o in more)
+            keys = route.keys_of((facts.ip_tag, tag, owner, tenant or "", *owners))
+        else:
+            keys = route.keys(facts.ip_tag, tag, owner, tenant or "")
         if route.leases:  # this request's own member in its lease sets (core/leases.py)
             member = leases.new_member()
             for i in route.leases:
@@ -222,7 +315,9 @@ class Enforcer:
             reply = self._call(route, keys)
         if reply is None:  # storage down, failing open
             return None
-        decided = Decided(route, reply, keys, tag, spec)
+        decided = Decided(
+            route, reply, keys, tag, spec, tuple(s for s, _, _ in more) if more else ()
+        )
         # Only an admitted request was charged, so only it can cross the near-limit line.
         crossed = route.crossings(reply) if reply.all_allowed else None
         if not crossed and reply.all_allowed and not route.shadow and observer is None:
@@ -249,12 +344,14 @@ class Enforcer:
                 # Blocked now: by this denial, or meanwhile by anyone (an operator too),
                 # so what the block says is read, as at the gate.
                 raise self.refusal(decision, block, keys[0])
-        resource_name = denied.resource if denied.resource == resource else None
+        limit, cost = _denying(facts, denied)
         if denied.tier is Tier.CONCURRENT:
             upgrade = leases.upgrade_hint(catalog, plan.name, of_plan=denied.resource is None)
         else:
+            resource_name = denied.resource if denied.tier is Tier.ENDPOINT else None
             upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
-        raise QuotaExceeded(decision, upgrade=upgrade, cost=facts.cost)
+        detail = error_detail(limit, facts.endpoint)
+        raise QuotaExceeded(decision, upgrade=upgrade, cost=cost, detail=detail)
 
     def _call(self, route: Route, keys: list[str]) -> Reply | None:
         reply = self.guard.decide_flat(route.calls, keys)
@@ -307,29 +404,52 @@ class Enforcer:
 
     # -- after the response -----------------------------------------------------
 
-    def settle(self, decided: Decided, *, counted: bool = True, extra: int = 0) -> Decision:
-        """After an admitted response: refund it when it is not ``counted`` (its
-        ``charge_when`` said no), else charge the ``extra`` units the view added
-        (``quota.charge``). One storage call at most; the decision the headers show."""
+    def settle(
+        self,
+        decided: Decided,
+        *,
+        counted: bool | Callable[[LimitSpec], bool] = True,
+        extra: int = 0,
+        actual: int | None = None,
+    ) -> Decision:
+        """After an admitted response: make each endpoint-tier charge what it should be,
+        in one refund and one charge call at most. A limit not ``counted`` (its
+        ``charge_when`` said no; a bool for every limit, or asked per limit) costs
+        nothing. Else ``actual`` (``quota.settle``), when given, replaces the admitted
+        cost, and the ``extra`` units (``quota.charge``) come on top. Less is refunded
+        as ``charge_when``'s refund is (against the charge's own time, so others'
+        charges meanwhile stay intact); more is charged, into debt if need be.
+        Returns the decision the headers show."""
         decision = decided.decision()
         checks = decided.route.tier_checks(decided.keys)
-        if not counted:
-            # Its cost comes back, and anything it charged on top is void. A shadow
-            # check that would have denied was not charged: nothing to give back.
-            refund = [
-                c.check
-                for c, r in zip(checks, decision.results, strict=True)
-                if c.tier is Tier.ENDPOINT and r.outcome.allowed
-            ]
-            if refund and refund[0].cost > 0:
-                self.guard.refund(refund, decision.now_us)
-                return decision.adjusted(refund[0].cost, refund[0].algorithm)
-            return decision
-        if extra:
-            charges = self.policy.endpoint_checks(checks, extra)
+        refunds: list[Check] = []
+        charges: list[Check] = []
+        room = [0] * len(checks)  # per result: the units of room the correction gives
+        for i, (t, result) in enumerate(zip(checks, decision.results, strict=True)):
+            if t.tier is not Tier.ENDPOINT:
+                continue
+            keep = counted if isinstance(counted, bool) else counted_by(counted, decided, t)
+            # A shadow check that would have denied was not charged: only extras reach it.
+            allowed = result.outcome.allowed
+            charged = t.check.cost if allowed else 0
+            target = 0
+            if keep:
+                target = (actual if actual is not None and allowed else charged) + extra
+            c = t.check
+            if target < charged:
+                refunds.append(Check(c.key, c.algorithm, c.rate, charged - target, c.shadow,
+                                     c.calendar))  # fmt: skip
+            elif target > charged:
+                charges.append(Check(c.key, c.algorithm, c.rate, target - charged, c.shadow,
+                                     c.calendar))  # fmt: skip
+            room[i] = charged - target
+        if refunds:
+            self.guard.refund(refunds, decision.now_us)
+        if charges:
             self.guard.charge(charges)
-            return decision.adjusted(-extra, charges[0].algorithm) if charges else decision
-        return decision
+        if not refunds and not charges:
+            return decision
+        return decision.adjusted(room, [t.check.algorithm for t in checks])
 
     def release(self, decided: Decided) -> None:
         """Give back the leases an admitted request holds: one storage call, after its
@@ -351,13 +471,18 @@ class Enforcer:
         cost: int,
         *,
         tenant: bool = False,
+        more: tuple[Limit, ...] = (),
     ) -> Route:
         """The request's ``Route``, built on first use (``plan`` comes from ``catalog``);
-        ``tenant``: the caller has a tenant and the plan a tenant tier."""
+        ``tenant``: the caller has a tenant and the plan a tenant tier; ``more``: a
+        stacked view's further limits (``Facts.more``)."""
         if catalog is not self.routes_of:
             self.routes.clear()
             self.routes_of = catalog
-        key = (id(plan), endpoint, method, cost, spec is None, tenant)
+        shape = None  # a view's one literal-rate limit: the endpoint and cost say all
+        if more or (spec is not None and (spec.rate_of is not None or spec.stacked)):
+            shape = (spec, tuple((s, c) for s, c, _ in more))  # rates and costs of each
+        key = (id(plan), endpoint, method, cost, spec is None, tenant, shape)
         found = self.routes.current.get(key)
         if found is None or found.plan is not plan:  # the entry holds its plan: ids stay unique
             found = self._new_route(catalog, key, plan, spec, resource)
@@ -379,8 +504,13 @@ class Enforcer:
         """
         found = self.routes.recall(key)
         if found is None or found.plan is not plan:
-            _, endpoint, method, cost, _, tenant = key
-            if cost == 1:
+            _, endpoint, method, cost, _, tenant, shape = key
+            if shape is not None:  # stacked limits or a callable rate: built as they are
+                found = build_route(
+                    self.policy, plan, method=method, spec=spec, resource=resource, cost=cost,
+                    tenant=tenant, near=self.near, more=shape[1],  # type: ignore[index]
+                )  # fmt: skip
+            elif cost == 1:
                 found = build_route(
                     self.policy, plan, method=method, spec=spec, resource=resource, cost=1,
                     tenant=tenant, near=self.near,

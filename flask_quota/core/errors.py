@@ -79,14 +79,22 @@ class QuotaExceeded(_Problem, TooManyRequests):
     The decision is on the exception: ``tier``, ``resource``, ``plan``, ``limit``,
     ``window``, ``remaining``, ``retry_after``, ``reset`` and ``upgrade``.
     ``cost`` is the request's cost on the endpoint tier: one above the limit's
-    capacity can never pass, and the detail says so. A concurrency limit's denial
-    has ``tier`` ``"concurrent"``, ``limit`` its slots and ``window`` the leases'
-    longest life (``QUOTA_LEASE_SECONDS``).
+    capacity can never pass, and the detail says so. ``detail`` replaces the body's
+    ``detail`` (a limit's ``error_message=``). A concurrency limit's denial has
+    ``tier`` ``"concurrent"``, ``limit`` its slots and ``window`` the leases' longest
+    life (``QUOTA_LEASE_SECONDS``).
     """
 
-    def __init__(self, decision: Decision, *, upgrade: str | None = None, cost: int = 1) -> None:
+    def __init__(
+        self,
+        decision: Decision,
+        *,
+        upgrade: str | None = None,
+        cost: int = 1,
+        detail: str | None = None,
+    ) -> None:
         denial = self._denial(decision, cost)
-        super().__init__(denial.detail)
+        super().__init__(denial.detail if detail is None else detail)
         # Set after super().__init__, which would reset ``retry_after``.
         self.decision = decision
         self.tier: str = denial.tier  # a Tier, or "blocked" (CallerBlocked)
@@ -162,7 +170,8 @@ def _concurrent_detail(slots: int, resource: str | None, plan: str) -> str:
     """A concurrency limit's ``detail``: how many may run at once, and on what."""
     where = f"on {resource!r}" if resource is not None else "across every endpoint"
     return (
-        f"{slots} requests in flight at once {where} is the limit on plan {plan!r}; "
+        f"{slots} request{'' if slots == 1 else 's'} in flight at once {where} is the limit "
+        f"on plan {plan!r}; "
         "retry when one of yours has finished."
     )
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .algorithms import Algorithm, Gate, Outcome, bucket_ceiling, unfit
 from .calendar import Calendar
 from .checks import Check, Verdict
 from .clock import seconds_until
+from .generations import Generations
 from .keys import KeyBuilder, Tag
 from .leases import lease_key
 from .plans import ENFORCED, LimitMode, Plan
@@ -57,6 +58,14 @@ class LimitSpec:
     charge_when: Callable[[Any], bool] | None = None  # False for a response: refund it
     exempt_when: Callable[[], bool] | None = None  # True: the endpoint tier does not apply
     concurrent: int | None = None  # requests in flight at once, per caller (or key owner)
+    # A callable rate: its answer (a rate string, or several) is this request's ``rate``.
+    rate_of: Callable[[], object] | None = None
+    error_message: str | Callable[[], str] | None = None  # the 429's ``detail`` when it denies
+    stacked: bool = False  # one of several on its view (``state.named``): its route says which
+    # A callable rate's answers -> this limit with those rates (see ``enforcer.rated``).
+    rated: Generations[object, LimitSpec] = field(
+        default_factory=lambda: Generations(64), init=False, compare=False, repr=False
+    )
 
     def method_of(self, method: str) -> str:
         """The method part of this limit's key: ``HEAD`` is ``GET`` without a body."""
@@ -173,16 +182,17 @@ class Decision:
         """The tier the rate-limit headers describe: ``denied``, else ``closest``."""
         return self._pick(Reply.shown)
 
-    def adjusted(self, delta: int, algorithm: Algorithm | Gate) -> Decision:
-        """This decision with ``delta`` units more room on the endpoint tier (a refund
-        is positive, a charge after the fact negative), for the response headers.
+    def adjusted(self, deltas: Sequence[int], algorithms: Sequence[Algorithm | Gate]) -> Decision:
+        """This decision with ``deltas[i]`` units more room on result ``i`` (a refund is
+        positive, a charge after the fact negative; ``algorithms[i]`` is its check's),
+        for the response headers.
 
         A token bucket's reset moves by the units' worth of time, at most to where a
         charge's debt is bounded (``bound_debt``); a window's stays.
         """
         results = []
-        for r in self.results:
-            if r.tier is Tier.ENDPOINT:
+        for r, delta, algorithm in zip(self.results, deltas, algorithms, strict=True):
+            if delta:
                 o = r.outcome
                 reset = o.reset_us
                 if algorithm is Algorithm.TOKEN_BUCKET:
@@ -315,9 +325,11 @@ class Policy:
         cost: int,
         endpoint_tag: str | None = None,
         tenant_tag: str | None = None,
+        more: Sequence[tuple[LimitSpec, str, int, str | None]] = (),
     ) -> list[TierCheck]:
         """The global, tenant, user and endpoint checks that apply, in that order; one
-        per rate.
+        per rate. ``more`` are the further limits stacked on the view, each (spec,
+        resource, cost, endpoint_tag): their endpoint checks follow the first's.
 
         ``cost`` weighs the endpoint tier only: the global, tenant and user tiers count
         requests, the endpoint tier counts the work a request asks for.
@@ -328,18 +340,25 @@ class Policy:
         if spec is not None and resource is not None:
             tag = identity_tag if endpoint_tag is None else endpoint_tag
             self._endpoint_checks(checks, plan, tag, method, resource, spec, cost, resource)
+        for limit, name, weight, owner in more:
+            tag = identity_tag if owner is None else owner
+            self._endpoint_checks(checks, plan, tag, method, name, limit, weight, name)
         self._lease_checks(checks, plan, identity_tag, spec, resource, endpoint_tag, 1)
+        for limit, name, _, owner in more:  # a stacked limit's own concurrent=
+            if limit.concurrent is not None:
+                tag = identity_tag if owner is None else owner
+                self._limit_lease(checks, tag, name, limit.concurrent, 1)
         return checks
 
-    def endpoint_checks(self, checks: list[TierCheck], cost: int) -> list[Check]:
-        """The endpoint tier's checks among ``checks``, each weighing ``cost``."""
-        return [
-            Check(
-                c.check.key, c.check.algorithm, c.check.rate, cost, c.check.shadow, c.check.calendar
-            )
-            for c in checks
-            if c.tier is Tier.ENDPOINT
-        ]
+    def endpoint_tier(
+        self, plan: Plan, tag: str, resource: str, spec: LimitSpec
+    ) -> list[TierCheck]:
+        """One limit's checks alone, for ``tag``'s bucket of ``resource`` (every method):
+        ``quota.limited``, which has no caller tiers. ``spec.cost`` is an int here."""
+        checks: list[TierCheck] = []
+        cost = spec.cost if isinstance(spec.cost, int) else 1
+        self._endpoint_checks(checks, plan, tag, ANY_METHOD, resource, spec, cost, resource)
+        return checks
 
     def inspection_checks(
         self,

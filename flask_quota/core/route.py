@@ -12,6 +12,7 @@ tier, metrics, ``quota.current_decision()``, the dashboard's usage).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from .algorithms import Outcome
@@ -52,6 +53,15 @@ __all__ = ["Route", "build_route"]
 _MARKS = ("\x00ip\x00", "\x00who\x00", "\x00key\x00", "\x00tenant\x00")
 # Which tag a key takes: the IP's, the caller's, a key= owner's, the caller's tenant's.
 IP, WHO, KEY, TENANT = range(4)
+
+
+def _owner_mark(n: int) -> str:
+    """The stand-in for the key= owner of a stacked view's ``n``-th further limit; its
+    tag is the ``TENANT + n``-th (see ``Route.keys_of``)."""
+    return f"\x00key{n}\x00"
+
+
+_OWNER_RE = re.compile("\x00key([0-9]+)\x00")
 
 
 class Route:
@@ -155,6 +165,11 @@ class Route:
         tags = (ip_tag, tag, key_tag, tenant_tag)
         return [head + tags[which] + tail for head, which, tail in self.parts]
 
+    def keys_of(self, tags: tuple[str, ...]) -> list[str]:
+        """``keys`` of a stacked view's route: ``tags`` are (ip, caller, key owner, tenant,
+        then each further limit's key owner, "" for one without ``key=``)."""
+        return [head + tags[which] + tail for head, which, tail in self.parts]
+
     def checks(self, keys: Sequence[str]) -> list[Check]:
         """``calls`` with the request's keys."""
         return keyed(self.calls, keys)
@@ -239,11 +254,17 @@ def build_route(
     cost: int,
     tenant: bool = False,
     near: float | None = None,
+    more: Sequence[tuple[LimitSpec, int]] = (),
 ) -> Route:
     """The route of a request, from the policy's own checks with placeholder tags;
     ``tenant``: the caller has a tenant, so its tenant tier applies; ``near``:
-    QUOTA_NEAR_LIMIT, the share whose crossing the route reports."""
+    QUOTA_NEAR_LIMIT, the share whose crossing the route reports; ``more``: a stacked
+    view's further limits (each with its resource set) and their costs."""
     keyed_by = _MARKS[KEY] if spec is not None and spec.key is not None else None
+    stacked = [
+        (limit, limit.resource or "", weight, _owner_mark(n) if limit.key is not None else None)
+        for n, (limit, weight) in enumerate(more, 1)
+    ]
     tiers = policy.checks(
         plan,
         ip_tag=_MARKS[IP],
@@ -254,6 +275,7 @@ def build_route(
         cost=cost,
         endpoint_tag=keyed_by,
         tenant_tag=_MARKS[TENANT] if tenant else None,
+        more=stacked,
     )
     return Route(plan, tiers, gate_check(policy.keys, _MARKS[WHO]), near)
 
@@ -263,4 +285,7 @@ def _split(key: str) -> tuple[str, int, str]:
         head, found, tail = key.partition(mark)
         if found:
             return head, which, tail
+    owner = _OWNER_RE.search(key)
+    if owner is not None:
+        return key[: owner.start()], TENANT + int(owner[1]), key[owner.end() :]
     raise AssertionError(f"route key {key!r} holds no tag")  # pragma: no cover

@@ -1,0 +1,122 @@
+"""``quota.limited``: one limit for code that is not a view, checked and charged on entry.
+
+A view's limits ride on the request's one decision; a function that sends a text
+message, or a CLI command that calls a paid API, has no request (or more than one
+such call per request). ``Limited`` decides that one bucket on its own: no global,
+tenant or user tier (those count requests) and no block gate, only the limit asked
+for, through the same guarded storage (fail mode, breaker) as every decision.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from contextlib import ContextDecorator
+from dataclasses import dataclass
+from typing import Any
+
+from .checks import shown_limit
+from .enforcer import Enforcer, Facts
+from .errors import QuotaExceeded
+from .keys import KeyBuilder
+from .policy import Decision, LimitSpec, TierResult, on_billing_day
+from .rates import Rate, Rates, parse_rates
+from .tiers import Tier
+from .validators import is_count, resource_name
+
+__all__ = ["Limited", "limited_spec"]
+
+# Where ``Limited`` learns, on entry, what to decide with: the enforcer and the current
+# request's caller (None outside a request); None for all of it when quota is switched off.
+Context = Callable[[], tuple[Enforcer, Facts | None] | None]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+@dataclass(frozen=True, slots=True)
+class LimitedSpec:
+    """What ``quota.limited(...)`` was given, checked."""
+
+    limit: LimitSpec  # its rates and resource, one bucket for every method
+    key: str | None  # the bucket's owner; None: the request's caller
+
+
+def limited_spec(
+    rate: str | Rate | Rates, resource: str | None, key: str | None, cost: int
+) -> LimitedSpec:
+    """``quota.limited``'s arguments checked: a bad one is refused when the limit is made,
+    not when it is first entered."""
+    rates = parse_rates(rate)
+    if resource is None:
+        # Named after its rates: "2/minute" is "limited.2_minute". Two places with the same
+        # rate and no resource share a bucket, which the docs say.
+        resource = ("limited." + _UNSAFE.sub("_", str(rates)))[:64]
+    resource_name(resource)
+    if key is not None and (not isinstance(key, str) or not key):
+        raise TypeError(f"quota.limited(key=...) takes a non-empty str, got {key!r}")
+    if not is_count(cost):
+        raise ValueError(f"quota.limited(cost=...) takes an int >= 0, got {cost!r}")
+    return LimitedSpec(LimitSpec(rates, resource, cost, per_method=False), key)
+
+
+class Limited(ContextDecorator):
+    """``with quota.limited(...):`` or ``@quota.limited(...)``: entering charges the
+    limit's bucket, or raises ``QuotaExceeded`` (nothing charged). Leaving gives
+    nothing back: the work was attempted."""
+
+    def __init__(self, spec: LimitedSpec, context: Context) -> None:
+        self.spec = spec
+        self.context = context
+
+    def __enter__(self) -> Limited:
+        found = self.context()
+        if found is not None:
+            enforce(self.spec, *found)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def enforce(spec: LimitedSpec, enforcer: Enforcer, facts: Facts | None) -> None:
+    """Charge ``spec``'s bucket in one storage call; raises ``QuotaExceeded`` when it
+    denies, and lets the call pass when the storage fails open."""
+    limit = spec.limit
+    resource = limit.resource or ""
+    catalog = enforcer.catalog()
+    if facts is None:
+        if spec.key is None:
+            raise RuntimeError(
+                f"quota.limited({str(limit.rate)!r}) outside a request needs key=..., the "
+                "bucket's owner (e.g. key=phone_number): there is no caller to charge"
+            )
+        plan = catalog.resolve(enforcer.default_plan, None, fallback=enforcer.default_plan)
+        caller = KeyBuilder.key_tag(spec.key)
+    else:
+        caller, plan, _ = enforcer.caller(catalog, facts)
+        if spec.key is not None:
+            caller = KeyBuilder.key_tag(spec.key)
+    tiers = tuple(enforcer.policy.endpoint_tier(plan, caller, resource, limit))
+    identity = facts.identity if facts is not None else None
+    day = catalog.billing_day(identity.id) if identity is not None else None
+    if day is not None and 1 <= day <= 31:  # the caller's months start on its own day
+        tiers = on_billing_day(tiers, day)
+    checks = [t.check for t in tiers]
+    reply = enforcer.guard.decide_flat(checks, [c.key for c in checks])
+    if reply is None or reply.all_allowed:  # admitted, or the storage failed open
+        return
+    results = tuple(
+        TierResult(
+            t.tier, t.name, t.check.rate, reply.outcome(i, shown_limit(t.check)),
+            t.resource, t.check.shadow,
+        )
+        for i, t in enumerate(tiers)
+    )  # fmt: skip
+    decision = Decision(plan.name, results, reply.now_us)
+    if decision.denied is None:
+        return  # only a shadow limit would have denied
+    if enforcer.events is not None:
+        enforcer.events.exceeded(decision)
+    upgrade = catalog.upgrade_hint(plan.name, Tier.ENDPOINT, resource)
+    cost = limit.cost if isinstance(limit.cost, int) else 1
+    raise QuotaExceeded(decision, upgrade=upgrade, cost=cost)
