@@ -62,8 +62,10 @@ class Plan:
     given here is taken as ``Rates`` of one. ``modes`` holds each limit's
     ``LimitMode`` by ``(tier, resource)`` (``("user", "")``,
     ``("endpoint", "search")``); a limit missing there is enforced on
-    ``QUOTA_ALGORITHM``. A plan is a value: ``resources`` and ``modes`` are
-    read-only copies of what it was given (``dataclasses.replace`` makes another).
+    ``QUOTA_ALGORITHM``. ``concurrent``: at most that many requests of one caller in
+    flight at once, across every endpoint (``None``: no such bound). A plan is a
+    value: ``resources`` and ``modes`` are read-only copies of what it was given
+    (``dataclasses.replace`` makes another).
     """
 
     name: str
@@ -75,12 +77,15 @@ class Plan:
     modes: Mapping[tuple[str, str], LimitMode] = field(default_factory=dict)
     # Last, so that positional construction from the other fields keeps working.
     tenant_rate: Rates | None = None
+    concurrent: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("global_rate", "user_rate", "tenant_rate"):
             value: Rate | Rates | None = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, parse_rates(value))
+        if self.concurrent is not None:
+            validators.concurrency(self.concurrent)
         # Copies behind read-only views: a plan is a value (requests cache what they
         # derive from it by identity, see route.py), so editing the dicts it was made
         # from, or its own, must not change it.
@@ -101,9 +106,10 @@ class Plan:
         *,
         description: str = "",
         upgrade: str | None = None,
+        concurrent: int | None = None,
     ) -> Plan:
         """The plan of ``limits``, keyed by tier and resource (a later one for the same
-        key wins): the inverse of ``limits()``."""
+        key wins): the inverse of ``limits()``, with the plan's other fields."""
         rates: dict[tuple[str, str], Rates] = {}
         modes: dict[tuple[str, str], LimitMode] = {}
         for limit in limits:
@@ -122,6 +128,7 @@ class Plan:
             upgrade,
             modes,
             rates.get((Tier.TENANT.value, "")),
+            concurrent,
         )
 
     def limits(self) -> tuple[Limit, ...]:
@@ -279,7 +286,7 @@ def catalog_from_config(
         where = f"QUOTA_PLANS[{name!r}]"
         if not isinstance(name, str) or not name or not isinstance(spec, Mapping):
             raise ValueError(f"{where} must map a plan name to a dict")
-        unknown = set(spec) - {"global", "tenant", "user", "resources", "description", "upgrade"}
+        unknown = set(spec) - _PLAN_FIELDS
         if unknown:
             raise ValueError(f"{where} has unknown fields {sorted(unknown)}")
         raw_resources = spec.get("resources", {})
@@ -307,11 +314,25 @@ def catalog_from_config(
                     limits,
                     description=str(spec.get("description", "")),
                     upgrade=spec.get("upgrade"),
+                    concurrent=_concurrent(spec.get("concurrent"), where),
                 )
             )
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{where}: {exc}") from None
     return PlanCatalog(plans, upgrade_url=upgrade_url)
+
+
+_PLAN_FIELDS = {"global", "tenant", "user", "resources", "description", "upgrade", "concurrent"}
+
+
+def _concurrent(value: Any, where: str) -> int | None:
+    """A plan's ``concurrent``: a whole number of requests in flight, at least 1."""
+    if value is None:
+        return None
+    try:
+        return validators.concurrency(value)
+    except ValueError as exc:
+        raise ValueError(f"{where}['concurrent']: {exc}") from None
 
 
 def _limit_entry(value: Any, where: str) -> tuple[Rates, LimitMode]:
@@ -374,6 +395,8 @@ def plan_config(plan: Plan) -> dict[str, Any]:
         spec["description"] = plan.description
     if plan.upgrade is not None:
         spec["upgrade"] = plan.upgrade
+    if plan.concurrent is not None:
+        spec["concurrent"] = plan.concurrent
     return spec
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "RESOURCE_RE",
     "algorithm",
     "client_name",
+    "concurrency",
     "is_count",
     "plan_name",
     "rate_text",
@@ -47,6 +48,16 @@ def algorithm(value: str) -> Algorithm:
 def is_count(value: object, *, minimum: int = 0) -> bool:
     """True for an int (not a bool) of at least ``minimum``: costs, charges, seconds."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def concurrency(value: object) -> int:
+    """How many requests of one caller may be in flight at once: a whole number, at least 1."""
+    if not is_count(value, minimum=1):
+        raise ValueError(
+            f"{value!r} is not a number of requests in flight: use a whole number of at least 1"
+        )
+    assert isinstance(value, int)
+    return value
 
 
 def tier_name(value: str) -> Tier:
