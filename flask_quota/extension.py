@@ -203,6 +203,7 @@ class Quota:
         per_method: bool = True,
         charge_when: Callable[[Response], bool] | None = None,
         exempt_when: Callable[[], bool] | None = None,
+        unit: str | None = None,
     ) -> Callable[[V], V]:
         """Add the endpoint tier to a view, or to every view of a blueprint.
 
@@ -213,7 +214,8 @@ class Quota:
         caller. ``per_method=False`` shares one bucket across methods (``HEAD``
         always counts as ``GET``). ``charge_when(response)`` returning False
         refunds the request after the response. ``exempt_when()`` returning True
-        skips this limit for the request.
+        skips this limit for the request. ``unit`` names what the resource counts
+        (``"tokens"``) in the 429's detail, the CLI and the dashboard; a plan's wins.
         """
         parsed = parse_rates(rate) if rate is not None else None
         if resource is not None:
@@ -229,7 +231,11 @@ class Quota:
         for name, hook in hooks.items():
             if hook is not None and not callable(hook):
                 raise ValueError(f"{name} must be a callable, got {hook!r}")
-        spec = LimitSpec(parsed, resource, cost, key, bool(per_method), charge_when, exempt_when)
+        if unit is not None:
+            validators.unit_name(unit)
+        spec = LimitSpec(
+            parsed, resource, cost, key, bool(per_method), charge_when, exempt_when, unit=unit
+        )
 
         def decorator(view: V) -> V:
             if limit_of(view) is not None:

@@ -244,7 +244,8 @@ class Enforcer:
                 raise self.refusal(decision, block, keys[0])
         resource_name = denied.resource if denied.resource == resource else None
         upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
-        raise QuotaExceeded(decision, upgrade=upgrade, cost=facts.cost)
+        unit = plan.unit_for(resource_name, spec.unit if spec is not None else None)
+        raise QuotaExceeded(decision, upgrade=upgrade, cost=facts.cost, unit=unit)
 
     def _call(self, route: Route, keys: list[str]) -> Reply | None:
         reply = self.guard.decide_flat(route.calls, keys)

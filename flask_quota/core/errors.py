@@ -11,6 +11,7 @@ from .algorithms import Outcome
 from .clock import ceil_seconds
 from .policy import Decision
 from .tiers import Tier
+from .validators import DEFAULT_UNIT as UNIT
 
 __all__ = [
     "PROBLEM_TYPE",
@@ -79,7 +80,10 @@ class QuotaExceeded(_Problem, TooManyRequests):
     capacity can never pass, and the detail says so.
     """
 
-    def __init__(self, decision: Decision, *, upgrade: str | None = None, cost: int = 1) -> None:
+    def __init__(
+        self, decision: Decision, *, upgrade: str | None = None, cost: int = 1, unit: str = UNIT
+    ) -> None:
+        self.unit = unit  # what the endpoint tier's resource counts, read by _denial
         denial = self._denial(decision, cost)
         super().__init__(denial.detail)
         # Set after super().__init__, which would reset ``retry_after``.
@@ -112,8 +116,10 @@ class QuotaExceeded(_Problem, TooManyRequests):
         else:
             # A calendar window's nominal length would mislead: name its unit.
             period = denied.rate.calendar or f"{window} s"
+            # Only the endpoint tier weighs requests by cost; the others count requests.
+            unit = self.unit if denied.tier is Tier.ENDPOINT else UNIT
             detail = (
-                f"{what} exceeded: {outcome.limit} requests per {period} on plan {decision.plan!r}."
+                f"{what} exceeded: {outcome.limit} {unit} per {period} on plan {decision.plan!r}."
             )
         return _Denial(
             detail=detail,

@@ -55,6 +55,7 @@ class LimitSpec:
     per_method: bool = True  # False: one bucket for every method
     charge_when: Callable[[Any], bool] | None = None  # False for a response: refund it
     exempt_when: Callable[[], bool] | None = None  # True: the endpoint tier does not apply
+    unit: str | None = None  # what the resource counts ("tokens"); a plan's unit wins
 
     def method_of(self, method: str) -> str:
         """The method part of this limit's key: ``HEAD`` is ``GET`` without a body."""

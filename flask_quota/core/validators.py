@@ -16,6 +16,7 @@ from .tiers import Tier
 
 __all__ = [
     "ALGORITHM_NAMES",
+    "DEFAULT_UNIT",
     "RESOURCE_PATTERN",
     "RESOURCE_RE",
     "algorithm",
@@ -27,6 +28,7 @@ __all__ = [
     "resource_name",
     "tier_name",
     "tier_resource",
+    "unit_name",
 ]
 
 RESOURCE_PATTERN = r"[A-Za-z0-9_.\-]{1,64}"
@@ -92,6 +94,23 @@ def plan_name(value: object) -> str:
     """
     if not isinstance(value, str) or not _PLAN_RE.fullmatch(value) or value in (".", ".."):
         raise ValueError(f"plan name {value!r} must be {_PLAN_RULE}")
+    return value
+
+
+DEFAULT_UNIT = "requests"  # what a resource counts when nothing names its unit
+UNIT_MAX = 32
+_UNIT_RE = re.compile(r"[a-z]+(?: [a-z]+)*")
+_UNIT_RULE = (
+    f"1-{UNIT_MAX} characters: lowercase words of a-z, one space between them, "
+    "e.g. tokens, credits, bytes"
+)
+
+
+def unit_name(value: object) -> str:
+    """What a resource counts, as its 429 detail, the CLI and the dashboard say it:
+    ``"2000 tokens per 3600 s"``. Short lowercase words, so it reads inside a sentence."""
+    if not isinstance(value, str) or len(value) > UNIT_MAX or not _UNIT_RE.fullmatch(value):
+        raise ValueError(f"unit {value!r} must be {_UNIT_RULE}")
     return value
 
 

@@ -66,6 +66,7 @@ def apply_overrides(plan: Plan, rules: Iterable[OverrideRule]) -> Plan:
         description=plan.description,
         upgrade=plan.upgrade,
         concurrent=plan.concurrent,
+        units=plan.units,
     )
 
 
