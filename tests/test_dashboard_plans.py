@@ -16,7 +16,7 @@ from flask.testing import FlaskClient
 
 from flask_quota.settings import reference
 from flask_quota.sql.admin import QuotaAdmin
-from tests.test_dashboard import HASH, OPS, dashboard_app
+from tests.test_dashboard import HASH, OPS, dashboard_app, flush
 from tests.test_dashboard_admin import cell, post
 
 PLANS = {
@@ -367,3 +367,22 @@ def test_bad_unit_is_refused_and_nothing_changes(
     status, html = post(http, "/quota/plans/free/limit", "/quota/plans", rate="5/minute", **form)
     assert status == 400 and 'id="form-error"' in html and message in html
     assert snapshot(ops_app) == before
+
+
+def test_the_overview_counts_a_resources_unit(ops_app: Flask) -> None:
+    """Once ai counts tokens, the overview's top identities and near-limit list say so,
+    in its JSON and on the page; the user tier still counts requests."""
+    http = ops_app.test_client()
+    post(http, "/quota/plans/free/limit", "/quota/plans", tier="endpoint", resource="ai",
+         rate="2/minute", unit="tokens")  # fmt: skip
+    ops_app.extensions["quota"].sql.refresh()
+    for _ in range(2):
+        http.post("/infer", headers={"X-User": "bo"})
+    flush(ops_app)
+    data = http.get("/quota/api/overview", headers=OPS).get_json()
+    top = next(r for r in data["top"] if r["tag"] == "id=bo")
+    assert top["closest"] == {"name": "ai (POST)", "remaining": 0, "limit": 2, "unit": "tokens"}
+    near = {r["bucket"]: r["unit"] for r in data["near_limit"] if r["tag"] == "id=bo"}
+    assert near["ai (POST)"] == "tokens"
+    assert near.get("user", "requests") == "requests"
+    assert "0/2 tokens left" in http.get("/quota/", headers=OPS).get_data(as_text=True)
