@@ -166,3 +166,18 @@ def test_the_429_detail_counts_the_decorators_unit(app: Flask, clock: FrozenCloc
     user = client.get("/plain")
     assert user.status_code == 429 and user.json is not None
     assert "User limit exceeded: 2 requests per 3600 s" in user.json["detail"]
+
+
+def test_a_cost_above_capacity_names_the_unit(app: Flask, clock: FrozenClock) -> None:
+    """A request whose cost can never fit says so in the resource's unit."""
+    app.config["QUOTA_PLANS"] = {"free": {}}
+    quota = Quota(app, storage=MemoryStorage(clock))
+
+    @app.post("/chat")
+    @quota.limit("100/hour", resource="ai_tokens", cost=500, unit="tokens")
+    def chat() -> str:
+        return "ok"
+
+    denied = app.test_client().post("/chat")
+    assert denied.status_code == 429 and denied.json is not None
+    assert "cost 500 exceeds the limit's capacity 100 tokens" in denied.json["detail"]

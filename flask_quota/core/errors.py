@@ -107,17 +107,18 @@ class QuotaExceeded(_Problem, TooManyRequests):
         outcome = denied.outcome
         what = _TIER_WORDS.get(denied.tier) or f"Endpoint limit {denied.name!r}"
         window = denied.rate.policy_window
+        # Only the endpoint tier weighs requests by cost; the others count requests.
+        unit = self.unit if denied.tier is Tier.ENDPOINT else UNIT
         if denied.tier is Tier.ENDPOINT and cost > outcome.limit:
             # Retry-After is one window (the algorithms say so): waiting will not help.
+            counted = "" if unit == UNIT else f" {unit}"  # a cost is in requests unless named
             detail = (
                 f"{what}: this request's cost {cost} exceeds the limit's capacity "
-                f"{outcome.limit}; it can never pass."
+                f"{outcome.limit}{counted}; it can never pass."
             )
         else:
             # A calendar window's nominal length would mislead: name its unit.
             period = denied.rate.calendar or f"{window} s"
-            # Only the endpoint tier weighs requests by cost; the others count requests.
-            unit = self.unit if denied.tier is Tier.ENDPOINT else UNIT
             detail = (
                 f"{what} exceeded: {outcome.limit} {unit} per {period} on plan {decision.plan!r}."
             )
