@@ -114,16 +114,14 @@ def concurrency(value: int | str | None) -> int | None:
     if value is None or str(value).strip().lower() in _NO_BOUND:
         return None
     text = str(value).strip()
-    if isinstance(value, bool) or not text.isascii() or not text.isdigit() or len(text) > 9:
-        raise AdminError(
-            f"concurrent {value!r} must be a whole number of at least 1, or none for no bound"
-        )
-    try:
-        return validators.concurrency(int(text))
-    except ValueError:
-        raise AdminError(
-            f"concurrent {value!r} must be a whole number of at least 1, or none for no bound"
-        ) from None
+    # Digits only (no "1.5", "+2", "1e3"); nine at most keeps it an ordinary integer.
+    if not isinstance(value, bool) and text.isascii() and text.isdigit() and len(text) <= 9:
+        number = int(text)
+        if number >= 1:
+            return validators.concurrency(number)
+    raise AdminError(
+        f"concurrent {value!r} must be a whole number of at least 1, or none for no bound"
+    )
 
 
 _DESCRIPTION_MAX = 500
