@@ -181,3 +181,19 @@ def test_a_cost_above_capacity_names_the_unit(app: Flask, clock: FrozenClock) ->
     denied = app.test_client().post("/chat")
     assert denied.status_code == 429 and denied.json is not None
     assert "cost 500 exceeds the limit's capacity 100 tokens" in denied.json["detail"]
+
+
+def test_usage_shows_the_decorators_unit(app: Flask, clock: FrozenClock) -> None:
+    """`flask quota usage` names each bucket's unit: the decorator's for a resource the
+    plan does not name one for, requests for the user tier."""
+    _metered_app(app, clock, {"free": {"user": "5/hour"}}, "credits")
+    app.test_client().post("/chat")
+    result = app.test_cli_runner().invoke(args=["quota", "usage", "--ip", "127.0.0.1"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()  # after memory storage's warning
+    head = next(i for i, line in enumerate(lines) if line.startswith("TIER"))
+    assert lines[head].split()[-1] == "UNIT"
+    rows = {line.split()[0]: line for line in lines[head + 1 :] if line.strip()}
+    assert rows["endpoint"].endswith("credits") and "40/100" in rows["endpoint"]
+    assert rows["user"].endswith("requests")
+    app.extensions["quota"].sql.close()
