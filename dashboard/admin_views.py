@@ -49,6 +49,7 @@ __all__ = ["ADMIN_ROUTES", "admin", "client_id_of", "database_errors"]
 log = logging.getLogger("flask_quota")
 
 FIELD_MAX = 200
+DEFAULT_UNIT_CHOICE = "default"  # set_plan_limit(unit=...): the decorator's unit, else requests
 RETRY_AFTER = 5  # seconds, for a database that did not answer
 
 
@@ -127,9 +128,13 @@ def plans_page(error: str | None = None, status: int = 200) -> tuple[str, int]:
     ), status
 
 
+CONCURRENT = "concurrent"  # the matrix row of each plan's bound on requests in flight
+
+
 def plan_matrix(plans: list[PlanInfo]) -> list[dict[str, Any]]:
     """The plans as a table, like the seed's: one row per tier (global, tenant, user, then each
-    resource of the endpoint tier), one cell per plan in upgrade order (``None``: no rate)."""
+    resource of the endpoint tier), one cell per plan in upgrade order (``None``: no rate);
+    then the ``concurrent`` row, whose cells are each plan's bound (``None``: none)."""
     cells = {(p.name, x.tier, x.resource): x for p in plans for x in p.limits}
     resources = sorted({x.resource for p in plans for x in p.limits if x.resource})
     rows = [(Tier.GLOBAL.value, ""), (Tier.TENANT.value, ""), (Tier.USER.value, "")]
@@ -143,6 +148,14 @@ def plan_matrix(plans: list[PlanInfo]) -> list[dict[str, Any]]:
             "cells": [cells.get((p.name, tier, resource)) for p in plans],
         }
         for tier, resource in rows
+    ] + [
+        {
+            "tier": CONCURRENT,
+            "resource": "",
+            "key": CONCURRENT,
+            "label": CONCURRENT,
+            "cells": [p.concurrent for p in plans],
+        }
     ]
 
 
@@ -165,15 +178,18 @@ def plan_limit(plan: str | None = None) -> Any:
     options = "algorithm" in request.form
     algorithm = _field("algorithm") if options else None
     shadow = ("shadow" in request.form) if options else None
+    # A form with the unit field sets it; left empty, the resource's unit is the default.
+    unit = (_field("unit") or DEFAULT_UNIT_CHOICE) if "unit" in request.form else None
     where = f"{tier} {resource}" if resource else tier
 
     def change(a: QuotaAdmin) -> str:
         info = a.set_plan_limit(
-            plan, tier, rate, resource=resource, algorithm=algorithm, shadow=shadow,
+            plan, tier, rate, resource=resource, algorithm=algorithm, shadow=shadow, unit=unit,
             based_on=_field("based_on") or None,
         )  # fmt: skip
         limit = next(x for x in info.limits if (x.tier, x.resource) == (tier, resource or ""))
-        notes = [n for n in (limit.algorithm, "shadow" if limit.shadow else "") if n]
+        counts = f"in {limit.unit}" if limit.unit else ""
+        notes = [n for n in (counts, limit.algorithm, "shadow" if limit.shadow else "") if n]
         return f"Plan {plan}: {where} is now {limit.rate}" + (
             f" ({', '.join(notes)})." if notes else "."
         )
@@ -184,6 +200,20 @@ def plan_limit(plan: str | None = None) -> Any:
 def plan_limit_form() -> Any:
     """``plan_limit`` with the plan chosen in the form (the "add a rate" form)."""
     return plan_limit(None)
+
+
+def plan_concurrency(plan: str) -> Any:
+    """A plan's bound on requests of one caller in flight (an empty field: no bound)."""
+
+    def change(a: QuotaAdmin) -> str:
+        info = a.set_plan_concurrency(
+            plan[:FIELD_MAX], _field(CONCURRENT) or None, based_on=_field("based_on") or None
+        )
+        if info.concurrent is None:
+            return f"Plan {plan}: no bound on requests in flight now."
+        return f"Plan {plan}: at most {info.concurrent} requests of one caller in flight at once."
+
+    return _plan_change(change)
 
 
 def plan_unset(plan: str) -> Any:
@@ -359,6 +389,7 @@ _VIEWS: list[tuple[str, Callable[..., Any], list[str]]] = [
     ("/plans/limit", plan_limit_form, ["POST"]),
     ("/plans/<path:plan>/limit", plan_limit, ["POST"]),
     ("/plans/<path:plan>/unset", plan_unset, ["POST"]),
+    ("/plans/<path:plan>/concurrent", plan_concurrency, ["POST"]),
     ("/plans/<path:plan>/delete", plan_delete, ["POST"]),
     ("/clients", clients_page, ["GET"]),
     ("/clients/new", client_create, ["POST"]),

@@ -28,6 +28,7 @@ from flask_quota.admin_api import (
     TablesMissing,
     Tag,
     TierCheck,
+    bucket_units,
     caller_checks,
     client_ip,
     gate_check,
@@ -401,16 +402,19 @@ def _top(
     known = _plans_of(state, reads, [t for t in tags if Tag(t).is_identity])
     rows: list[dict[str, Any]] = []
     all_checks: list[TierCheck] = []
+    units: list[str] = []  # what each of all_checks' buckets counts
     spans: list[tuple[str, Plan, int, int]] = []
     for tag in tags:
         plan = identity_plan(state, reads, tag, known)
         checks = identity_checks(app, state, tag, plan)
         spans.append((tag, plan, len(all_checks), len(all_checks) + len(checks)))
         all_checks += checks
+        units += bucket_units(app, plan, checks)
     states = buckets(state, reads, all_checks)  # one peek for all of them
     near: list[tuple[float, dict[str, Any]]] = []
     for tag, plan, start, end in spans:
         mine = states[start:end] if states is not None else []
+        unit_of = dict(zip(map(id, mine), units[start:end], strict=True))
         closest = min(mine, key=lambda b: (b.remaining / b.limit, b.remaining), default=None)
         who = {"tag": tag, "kind": identity_kind(state, tag), "name": display_name(tag)}
         rows.append(
@@ -420,7 +424,12 @@ def _top(
                 "requests": requests[tag],
                 "closest": None
                 if closest is None
-                else {"name": closest.name, "remaining": closest.remaining, "limit": closest.limit},
+                else {
+                    "name": closest.name,
+                    "remaining": closest.remaining,
+                    "limit": closest.limit,
+                    "unit": unit_of[id(closest)],
+                },
             }
         )
         for b in mine:
@@ -432,6 +441,7 @@ def _top(
                     "bucket": b.name,
                     "remaining": b.remaining,
                     "limit": b.limit,
+                    "unit": unit_of[id(b)],
                     "used_percent": round(100 * b.used_fraction),
                 }
                 near.append((b.used_fraction, entry))

@@ -31,6 +31,7 @@ from flask_quota.admin_api import (
     StorageError,
     TablesMissing,
     Tag,
+    bucket_units,
     exempt,
     get_state,
     parse_duration,
@@ -237,12 +238,15 @@ def _identity(tag: str) -> dict[str, Any]:
     plan = data.identity_plan(state, reads, tag)
     checks = data.identity_checks(_app(), state, tag, plan)
     buckets = data.buckets(state, reads, checks)
+    units = bucket_units(_app(), plan, checks)
+    pairs = zip(buckets or [], units, strict=False)  # buckets None: the storage is down
+    shown = None if buckets is None else [{**asdict(b), "unit": u} for b, u in pairs]
     info: dict[str, Any] = {
         "tag": tag,
         "kind": data.identity_kind(state, tag),
         "name": data.display_name(tag),
         "plan": plan.name,
-        "buckets": None if buckets is None else [asdict(b) for b in buckets],
+        "buckets": shown,
         "blocked": data.block_left(state, reads, tag),
         "tiers": data.tier_totals(data.usage_minutes(state, reads, tag) or []),
         "client": None,

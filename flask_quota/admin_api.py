@@ -7,12 +7,18 @@ them are laid out.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from flask import Flask
+
 from .core.clock import US, seconds_until, wall_clock_us
 from .core.identity import client_ip
 from .core.keys import KeyBuilder, Tag
 from .core.near import is_near
+from .core.plans import Plan
 from .core.policy import gate_check
-from .core.validators import tenant_name
+from .core.tiers import Tier
+from .core.validators import DEFAULT_UNIT, tenant_name
 from .sql.admin import ClientInfo, PlanInfo, QuotaAdmin
 from .sql.errors import (
     PLANS_READ_ONLY,
@@ -24,7 +30,7 @@ from .sql.errors import (
 )
 from .sql.inputs import parse_duration
 from .sql.models import Client
-from .state import QuotaState, exempt, get_state
+from .state import QuotaState, exempt, get_state, limited_endpoints
 from .storage import Check, MemoryStorage, Storage, StorageError
 from .storage.usage import HOUR, SHADOW_DENIED, Mark, MinuteUsage
 from .tools.blocks import block, list_blocks, unblock
@@ -66,6 +72,7 @@ __all__ = [
     "Tag",
     "TierCheck",
     "block",
+    "bucket_units",
     "caller_checks",
     "client_ip",
     "exempt",
@@ -85,3 +92,16 @@ __all__ = [
     "unblock",
     "wall_clock_us",
 ]
+
+
+def bucket_units(app: Flask, plan: Plan, checks: Sequence[TierCheck]) -> list[str]:
+    """What each of ``checks``' buckets counts, as usage pages show it: an endpoint
+    bucket's resource counts its plan's unit, else its decorator's, else requests; the
+    other tiers count requests."""
+    declared = {resource: spec.unit for _, resource, spec in limited_endpoints(app)}
+    return [
+        plan.unit_for(c.resource, declared.get(c.resource))
+        if c.tier is Tier.ENDPOINT and c.resource
+        else DEFAULT_UNIT
+        for c in checks
+    ]

@@ -218,6 +218,7 @@ class Quota:
         exempt_when: Callable[[], bool] | None = None,
         concurrent: int | None = None,
         error_message: str | Callable[[], str] | None = None,
+        unit: str | None = None,
     ) -> Callable[[V], V]:
         """Add the endpoint tier to a view, or to every view of a blueprint.
 
@@ -234,6 +235,9 @@ class Quota:
         of the caller (or of the ``key()`` owner) run at once on the resource; alone, it
         is the whole limit. ``error_message`` (a str, or a callable returning one) is
         the 429's ``detail`` when this limit denies.
+
+        ``unit`` names what the resource counts (``"tokens"``) in the 429's detail,
+        the CLI and the dashboard; a plan's wins.
 
         Limits stack: several on one view are all checked, all-or-nothing, in one
         storage call, each with its own bucket and options.
@@ -261,9 +265,11 @@ class Quota:
             isinstance(error_message, str) or callable(error_message)
         ):
             raise ValueError(f"error_message must be a str or a callable, got {error_message!r}")
+        if unit is not None:
+            validators.unit_name(unit)
         spec = LimitSpec(
             parsed, resource, cost, key, bool(per_method), charge_when, exempt_when,
-            concurrent=concurrent, rate_of=rate_of, error_message=error_message,
+            concurrent=concurrent, rate_of=rate_of, error_message=error_message, unit=unit,
         )  # fmt: skip
 
         def decorator(view: V) -> V:

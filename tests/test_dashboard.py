@@ -195,7 +195,7 @@ def test_request_appears_on_the_overview(frozen_ops_app: Flask) -> None:
     assert data["tiers"]["ai"] == {"allowed": 2, "denied": 1, "shadow_denied": 0}
     top = data["top"][0]
     assert (top["tag"], top["name"], top["requests"]) == ("id=ada", "ada", 3)
-    assert top["closest"] == {"name": "ai (POST)", "remaining": 0, "limit": 2}
+    assert top["closest"] == {"name": "ai (POST)", "remaining": 0, "limit": 2, "unit": "requests"}
     assert data["storage"]["backend"] == "memory" and data["storage"]["up"]
     svg = http.get("/quota/chart.svg", headers=OPS)
     assert svg.content_type.startswith("image/svg+xml")

@@ -16,7 +16,7 @@ from flask.testing import FlaskClient
 
 from flask_quota.settings import reference
 from flask_quota.sql.admin import QuotaAdmin
-from tests.test_dashboard import HASH, OPS, dashboard_app
+from tests.test_dashboard import HASH, OPS, dashboard_app, flush
 from tests.test_dashboard_admin import cell, post
 
 PLANS = {
@@ -59,7 +59,7 @@ def test_matrix_has_tiers_as_rows_and_plans_as_columns(ops_app: Flask) -> None:
     plan has no rate for shows an empty cell."""
     http = ops_app.test_client()
     assert columns(http) == ["free", "pro"]
-    assert rows(http) == ["global", "tenant", "user", "endpoint:ai", "endpoint:pdf"]
+    assert rows(http) == ["global", "tenant", "user", "endpoint:ai", "endpoint:pdf", "concurrent"]
     assert cell(http, "free", "global") is None
     assert cell(http, "pro", "global") == "50/second"
     assert cell(http, "free", "endpoint:ai") == "2/minute"
@@ -104,7 +104,7 @@ def test_add_rate_form_names_the_plan_in_a_field(ops_app: Flask) -> None:
                      resource="bulk_search", rate="60/minute", algorithm="")  # fmt: skip
     assert status == 200
     endpoints = ["endpoint:ai", "endpoint:bulk_search", "endpoint:pdf"]
-    assert rows(http) == ["global", "tenant", "user", *endpoints]
+    assert rows(http) == ["global", "tenant", "user", *endpoints, "concurrent"]
     assert cell(http, "pro", "endpoint:bulk_search") == "60/minute"
     assert cell(http, "free", "endpoint:bulk_search") is None
 
@@ -220,6 +220,7 @@ def test_bad_remove_is_refused_and_nothing_changes(
         ("/quota/plans/new", {"name": "team"}),
         ("/quota/plans/pro/delete", {}),
         ("/quota/plans/free/unset", {"tier": "user"}),
+        ("/quota/plans/free/concurrent", {"concurrent": "3"}),
         ("/quota/plans/limit", {"plan": "free", "tier": "user", "rate": "99/minute"}),
     ],
 )
@@ -289,3 +290,99 @@ def test_an_edit_from_a_stale_page_is_refused_and_says_reload(ops_app: Flask) ->
         tier="user", resource="", rate="9/minute", based_on=fresh.group(1),
     )  # fmt: skip
     assert status == 200 and cell(second, "free", "user") == "9/minute"
+
+
+# -- concurrency and units -----------------------------------------------------------
+
+
+def test_concurrent_row_sets_and_clears_a_plans_bound(ops_app: Flask) -> None:
+    """The matrix's concurrent row: a plan's bound is set from its cell (shown, audited,
+    in the snapshot requests read), then cleared with an empty field."""
+    http = ops_app.test_client()
+    assert cell(http, "free", "concurrent") is None
+    status, html = post(http, "/quota/plans/free/concurrent", "/quota/plans", concurrent="4")
+    assert status == 200 and "at most 4 requests of one caller in flight" in html
+    assert cell(http, "free", "concurrent") == "4"
+    assert cell(http, "pro", "concurrent") is None
+    assert audit_actions(ops_app)[-1] == ("dashboard:ops", "plan.concurrent.set", "plan:free")
+    sql = ops_app.extensions["quota"].sql
+    assert sql.load()["free"].concurrent == 4
+    status, html = post(http, "/quota/plans/free/concurrent", "/quota/plans", concurrent="")
+    assert status == 200 and "no bound on requests in flight" in html
+    assert cell(http, "free", "concurrent") is None
+    assert sql.load()["free"].concurrent is None
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", "9999999999"])
+def test_bad_concurrency_is_refused_and_nothing_changes(ops_app: Flask, value: str) -> None:
+    """A bound that is not a whole number of at least 1: 400 with the reason, no change."""
+    http = ops_app.test_client()
+    before = snapshot(ops_app)
+    status, html = post(http, "/quota/plans/free/concurrent", "/quota/plans", concurrent=value)
+    assert status == 400 and 'id="form-error"' in html and "at least 1" in html
+    assert snapshot(ops_app) == before
+
+
+def test_a_resources_unit_is_edited_in_its_cell(ops_app: Flask) -> None:
+    """An endpoint cell's form sets the resource's unit: shown as a badge, audited, and
+    counted by the identity page's buckets; an empty unit goes back to requests."""
+    http = ops_app.test_client()
+    status, html = post(http, "/quota/plans/free/limit", "/quota/plans", tier="endpoint",
+                        resource="ai", rate="2000/hour", unit="tokens")  # fmt: skip
+    assert status == 200 and "is now 2000/hour (in tokens)" in html
+    td = re.search(r'<td data-plan="free" data-row="endpoint:ai"[^>]*>(.*?)</td>', page(http), re.S)
+    assert (
+        td is not None and '<span class="badge unit"' in td.group(1) and ">tokens<" in td.group(1)
+    )
+    assert audit_actions(ops_app)[-1] == ("dashboard:ops", "plan.limit.set", "plan:free")
+    ops_app.extensions["quota"].sql.refresh()
+    http.post("/infer", headers={"X-User": "bo"})
+    info = http.get("/quota/api/identity/id=bo", headers=OPS).get_json()
+    units = {b["name"]: b["unit"] for b in info["buckets"]}
+    assert units == {"user": "requests", "ai (POST)": "tokens"}
+    assert "<td>tokens</td>" in http.get("/quota/identity/id=bo", headers=OPS).get_data(
+        as_text=True
+    )
+    status, _ = post(http, "/quota/plans/free/limit", "/quota/plans", tier="endpoint",
+                     resource="ai", rate="2000/hour", unit="")  # fmt: skip
+    assert status == 200
+    [free] = [p for p in QuotaAdmin(ops_app.extensions["quota"].sql, actor="t").plans()
+              if p.name == "free"]  # fmt: skip
+    assert next(x for x in free.limits if x.resource == "ai").unit is None
+
+
+@pytest.mark.parametrize(
+    ("form", "message"),
+    [
+        ({"tier": "endpoint", "resource": "ai", "unit": "Tokens!"}, "lowercase words"),
+        ({"tier": "user", "unit": "tokens"}, "the user tier counts requests"),
+    ],
+)
+def test_bad_unit_is_refused_and_nothing_changes(
+    ops_app: Flask, form: dict[str, str], message: str
+) -> None:
+    """A malformed unit, or one on a tier that counts requests: 400, named, nothing saved."""
+    http = ops_app.test_client()
+    before = snapshot(ops_app)
+    status, html = post(http, "/quota/plans/free/limit", "/quota/plans", rate="5/minute", **form)
+    assert status == 400 and 'id="form-error"' in html and message in html
+    assert snapshot(ops_app) == before
+
+
+def test_the_overview_counts_a_resources_unit(ops_app: Flask) -> None:
+    """Once ai counts tokens, the overview's top identities and near-limit list say so,
+    in its JSON and on the page; the user tier still counts requests."""
+    http = ops_app.test_client()
+    post(http, "/quota/plans/free/limit", "/quota/plans", tier="endpoint", resource="ai",
+         rate="2/minute", unit="tokens")  # fmt: skip
+    ops_app.extensions["quota"].sql.refresh()
+    for _ in range(2):
+        http.post("/infer", headers={"X-User": "bo"})
+    flush(ops_app)
+    data = http.get("/quota/api/overview", headers=OPS).get_json()
+    top = next(r for r in data["top"] if r["tag"] == "id=bo")
+    assert top["closest"] == {"name": "ai (POST)", "remaining": 0, "limit": 2, "unit": "tokens"}
+    near = {r["bucket"]: r["unit"] for r in data["near_limit"] if r["tag"] == "id=bo"}
+    assert near["ai (POST)"] == "tokens"
+    assert near.get("user", "requests") == "requests"
+    assert "0/2 tokens left" in http.get("/quota/", headers=OPS).get_data(as_text=True)

@@ -187,3 +187,50 @@ def test_a_0001_database_upgrades_in_place_to_tenants(database_url: str) -> None
             assert conn.execute(text("SELECT name FROM quota_clients")).all() == [("acme-bot",)]
     finally:
         engine.dispose()
+
+
+def test_a_0002_database_upgrades_in_place_to_concurrency_and_units(database_url: str) -> None:
+    """A database at 0002 with a plan and its limits upgrades to 0003 keeping every row
+    (no bound, no unit); then a plan's concurrency and a resource's unit fit, a bound
+    below 1 and a unit on the user tier are refused, and downgrade keeps 0002's rows."""
+    flask_db(database_url, "upgrade", "0002_tenants")
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO quota_plans (id, name, description, position, created_at) "
+                "VALUES (1, 'pro', '', 0, '2026-01-01 00:00:00')"
+            ))
+            conn.execute(text(
+                "INSERT INTO quota_plan_limits (id, plan_id, tier, resource, rate, shadow) "
+                "VALUES (1, 1, 'user', '', '100/minute', false), "
+                "(2, 1, 'endpoint', 'ai_tokens', '2000/hour', false)"
+            ))
+        flask_db(database_url, "upgrade")
+        assert differences(database_url) == []
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT name, concurrent FROM quota_plans")).all() == [
+                ("pro", None)
+            ]
+            assert conn.execute(text(
+                "SELECT resource, rate, unit FROM quota_plan_limits ORDER BY id"
+            )).all() == [("", "100/minute", None), ("ai_tokens", "2000/hour", None)]
+            conn.execute(text("UPDATE quota_plans SET concurrent = 4"))
+            conn.execute(text("UPDATE quota_plan_limits SET unit = 'tokens' WHERE id = 2"))
+        refused = [
+            "UPDATE quota_plans SET concurrent = 0",
+            "UPDATE quota_plan_limits SET unit = 'tokens' WHERE id = 1",
+        ]
+        for statement in refused:
+            with pytest.raises(Exception), engine.begin() as conn:  # noqa: B017 (any driver's)
+                conn.execute(text(statement))
+        flask_db(database_url, "downgrade", "0002_tenants")
+        assert "concurrent" not in {c["name"] for c in inspect(engine).get_columns("quota_plans")}
+        assert "unit" not in {c["name"] for c in inspect(engine).get_columns("quota_plan_limits")}
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT name FROM quota_plans")).all() == [("pro",)]
+            assert conn.execute(text(
+                "SELECT resource, rate FROM quota_plan_limits ORDER BY id"
+            )).all() == [("", "100/minute"), ("ai_tokens", "2000/hour")]
+    finally:
+        engine.dispose()

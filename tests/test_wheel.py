@@ -167,6 +167,7 @@ def test_sdist_holds_real_files_not_symlinks(dists: Dists) -> None:
         "flask_quota/migrations/env.py",
         "flask_quota/migrations/versions/0001_quota_tables.py",
         "flask_quota/migrations/versions/0002_tenants.py",
+        "flask_quota/migrations/versions/0003_concurrency_units.py",
         "flask_quota/storage/lua/decide.lua",
     ):
         assert members[name].isfile(), name

@@ -57,7 +57,7 @@
       identityCell(tr, r);
       cell(tr, r.plan);
       cell(tr, String(r.requests));
-      cell(tr, r.closest ? r.closest.name + ": " + r.closest.remaining + "/" + r.closest.limit + " left" : "–");
+      cell(tr, r.closest ? r.closest.name + ": " + r.closest.remaining + "/" + r.closest.limit + " " + r.closest.unit + " left" : "–");
       body.appendChild(tr);
     });
   }
@@ -75,7 +75,7 @@
       identityCell(tr, r);
       cell(tr, r.plan);
       cell(tr, r.bucket === r.tier ? r.tier : r.tier + ": " + r.bucket);
-      cell(tr, r.remaining + "/" + r.limit);
+      cell(tr, r.remaining + "/" + r.limit + " " + r.unit);
       cell(tr, r.used_percent + "%");
       body.appendChild(tr);
     });

@@ -6,6 +6,8 @@ import click
 from flask import current_app
 from flask.cli import with_appcontext
 
+from ..admin_api import bucket_units
+from ..core.plans import Plan
 from ..core.policy import TierCheck
 from ..sql.errors import AdminError
 from ..tools import inspection
@@ -24,15 +26,16 @@ from .common import (
 __all__ = ["reset", "usage"]
 
 
-def _buckets(caller: inspection.Caller, plan_name: str | None) -> list[TierCheck]:
-    """The cost-0 checks over every bucket the request path would use for this caller."""
+def _buckets(caller: inspection.Caller, plan_name: str | None) -> tuple[Plan, list[TierCheck]]:
+    """The caller's plan, and the cost-0 checks over every bucket the request path would
+    use for it."""
     state = app_state()
     try:
         # Fresh from SQL: a CLI process starts no poller.
         plan = inspection.plan_of(state, caller, plan=plan_name, catalog=app_store().load())
     except ValueError as exc:
         raise AdminError(str(exc)) from None
-    return inspection.caller_checks(current_app, state, caller, plan)
+    return plan, inspection.caller_checks(current_app, state, caller, plan)
 
 
 ip_option = click.option("--ip", help="A client address: its global tier (and, alone, anonymous).")
@@ -47,13 +50,14 @@ plan_option = click.option("--plan", help="The plan to assume (default: the clie
 @one_line_errors
 def usage(identity: str | None, ip: str | None, plan: str | None) -> None:
     """Show IDENTITY's current buckets without charging them."""
-    checks = _buckets(caller_of(identity, ip), plan)
+    found, checks = _buckets(caller_of(identity, ip), plan)
     warn_if_memory()
+    units = bucket_units(current_app, found, checks)
     rows = [
-        [b.tier, b.name, b.rate, f"{b.remaining}/{b.limit}", f"{b.reset_in} s"]
-        for b in inspection.peek(app_state(), checks)
+        [b.tier, b.name, b.rate, f"{b.remaining}/{b.limit}", f"{b.reset_in} s", unit]
+        for b, unit in zip(inspection.peek(app_state(), checks), units, strict=True)
     ]
-    table(rows, ["TIER", "NAME", "RATE", "REMAINING", "FULL IN"])
+    table(rows, ["TIER", "NAME", "RATE", "REMAINING", "FULL IN", "UNIT"])
 
 
 @click.command("reset")
@@ -66,7 +70,7 @@ def reset(identity: str | None, ip: str | None, actor: str) -> None:
     """Empty IDENTITY's buckets (and the global one of --ip) so its limits start afresh."""
     caller = caller_of(identity, ip)
     refuse_if_memory("reset", "Reset on the caller's identity page")
-    checks = _buckets(caller, None)
+    _, checks = _buckets(caller, None)
     # Audited first (a failed clear is recorded as usage.reset.failed).
     count = inspection.reset(app_state(), checks, actor=actor, caller=caller)
     click.echo(f"reset {count} buckets of {caller.tag}")

@@ -345,13 +345,14 @@ class Enforcer:
                 # so what the block says is read, as at the gate.
                 raise self.refusal(decision, block, keys[0])
         limit, cost = _denying(facts, denied)
+        resource_name = denied.resource if denied.tier is Tier.ENDPOINT else None
         if denied.tier is Tier.CONCURRENT:
             upgrade = leases.upgrade_hint(catalog, plan.name, of_plan=denied.resource is None)
         else:
-            resource_name = denied.resource if denied.tier is Tier.ENDPOINT else None
             upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
+        unit = plan.unit_for(resource_name, limit.unit if limit is not None else None)
         detail = error_detail(limit, facts.endpoint)
-        raise QuotaExceeded(decision, upgrade=upgrade, cost=cost, detail=detail)
+        raise QuotaExceeded(decision, upgrade=upgrade, cost=cost, detail=detail, unit=unit)
 
     def _call(self, route: Route, keys: list[str]) -> Reply | None:
         reply = self.guard.decide_flat(route.calls, keys)

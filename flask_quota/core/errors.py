@@ -12,6 +12,7 @@ from .clock import ceil_seconds
 from .headers import ENVIRON_KEY
 from .policy import Decision
 from .tiers import Tier
+from .validators import DEFAULT_UNIT as UNIT
 
 __all__ = [
     "PROBLEM_TYPE",
@@ -92,7 +93,9 @@ class QuotaExceeded(_Problem, TooManyRequests):
         upgrade: str | None = None,
         cost: int = 1,
         detail: str | None = None,
+        unit: str = UNIT,
     ) -> None:
+        self.unit = unit  # what the endpoint tier's resource counts, read by _denial
         denial = self._denial(decision, cost)
         super().__init__(denial.detail if detail is None else detail)
         # Set after super().__init__, which would reset ``retry_after``.
@@ -116,19 +119,22 @@ class QuotaExceeded(_Problem, TooManyRequests):
         outcome = denied.outcome
         what = _TIER_WORDS.get(denied.tier) or f"Endpoint limit {denied.name!r}"
         window = denied.rate.policy_window
+        # Only the endpoint tier weighs requests by cost; the others count requests.
+        unit = self.unit if denied.tier is Tier.ENDPOINT else UNIT
         if denied.tier is Tier.CONCURRENT:
             detail = _concurrent_detail(outcome.limit, denied.resource, decision.plan)
         elif denied.tier is Tier.ENDPOINT and cost > outcome.limit:
             # Retry-After is one window (the algorithms say so): waiting will not help.
+            counted = "" if unit == UNIT else f" {unit}"  # a cost is in requests unless named
             detail = (
                 f"{what}: this request's cost {cost} exceeds the limit's capacity "
-                f"{outcome.limit}; it can never pass."
+                f"{outcome.limit}{counted}; it can never pass."
             )
         else:
             # A calendar window's nominal length would mislead: name its unit.
             period = denied.rate.calendar or f"{window} s"
             detail = (
-                f"{what} exceeded: {outcome.limit} requests per {period} on plan {decision.plan!r}."
+                f"{what} exceeded: {outcome.limit} {unit} per {period} on plan {decision.plan!r}."
             )
         return _Denial(
             detail=detail,

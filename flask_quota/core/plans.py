@@ -11,6 +11,7 @@ from . import validators
 from .algorithms import Algorithm, unfit
 from .rates import Rate, Rates, parse_rates
 from .tiers import Tier
+from .validators import DEFAULT_UNIT
 
 __all__ = [
     "DEFAULT_PLANS",
@@ -62,8 +63,11 @@ class Plan:
     given here is taken as ``Rates`` of one. ``modes`` holds each limit's
     ``LimitMode`` by ``(tier, resource)`` (``("user", "")``,
     ``("endpoint", "search")``); a limit missing there is enforced on
-    ``QUOTA_ALGORITHM``. A plan is a value: ``resources`` and ``modes`` are
-    read-only copies of what it was given (``dataclasses.replace`` makes another).
+    ``QUOTA_ALGORITHM``. ``concurrent``: at most that many requests of one caller in
+    flight at once, across every endpoint (``None``: no such bound). A plan is a
+    value: ``resources`` and ``modes`` are read-only copies of what it was given
+    (``dataclasses.replace`` makes another), and so is ``units``: what each resource
+    counts (``{"ai_tokens": "tokens"}``).
     """
 
     name: str
@@ -76,18 +80,28 @@ class Plan:
     # Last, so that positional construction from the other fields keeps working.
     tenant_rate: Rates | None = None
     concurrent: int | None = None
+    # resource -> what it counts ("tokens"); a resource missing here counts the
+    # decorator's unit, else requests.
+    units: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("global_rate", "user_rate", "tenant_rate"):
             value: Rate | Rates | None = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, parse_rates(value))
+        if self.concurrent is not None:
+            validators.concurrency(self.concurrent)
         # Copies behind read-only views: a plan is a value (requests cache what they
         # derive from it by identity, see route.py), so editing the dicts it was made
         # from, or its own, must not change it.
         resources = {k: parse_rates(v) for k, v in self.resources.items()}
         object.__setattr__(self, "resources", MappingProxyType(resources))
         object.__setattr__(self, "modes", MappingProxyType(dict(self.modes)))
+        for resource, unit in self.units.items():
+            validators.unit_name(unit)
+            if resource not in resources:
+                raise ValueError(f"unit {unit!r} for resource {resource!r}, which has no rate")
+        object.__setattr__(self, "units", MappingProxyType(dict(self.units)))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled and deep-copied through plain dicts: a mappingproxy is neither.
@@ -102,9 +116,11 @@ class Plan:
         *,
         description: str = "",
         upgrade: str | None = None,
+        concurrent: int | None = None,
+        units: Mapping[str, str] | None = None,
     ) -> Plan:
         """The plan of ``limits``, keyed by tier and resource (a later one for the same
-        key wins): the inverse of ``limits()``."""
+        key wins): the inverse of ``limits()``, with the plan's other fields."""
         rates: dict[tuple[str, str], Rates] = {}
         modes: dict[tuple[str, str], LimitMode] = {}
         for limit in limits:
@@ -123,6 +139,8 @@ class Plan:
             upgrade,
             modes,
             rates.get((Tier.TENANT.value, "")),
+            concurrent,
+            dict(units or {}),
         )
 
     def limits(self) -> tuple[Limit, ...]:
@@ -151,6 +169,11 @@ class Plan:
         if tier is Tier.TENANT:
             return self.tenant_rate
         return self.resources.get(resource) if resource else None
+
+    def unit_for(self, resource: str | None, default: str | None = None) -> str:
+        """What ``resource`` counts: the plan's unit for it, else ``default`` (the
+        decorator's), else requests. The plan wins, as its rates do."""
+        return (self.units.get(resource) if resource else None) or default or DEFAULT_UNIT
 
     def mode_for(self, tier: Tier, resource: str | None = None) -> LimitMode:
         """The algorithm and shadow flag of one limit (enforced, ``QUOTA_ALGORITHM``, if unset)."""
@@ -222,7 +245,8 @@ DEFAULT_PLANS: dict[str, dict[str, Any]] = {
         "resources": {
             "ai_inference": "5/minute",
             "bulk_search": "10/minute",
-            "ai_tokens": "2000/hour",  # metered with quota.charge (the demo's /v1/ai/chat)
+            # Metered with quota.charge (the demo's /v1/ai/chat): it counts tokens.
+            "ai_tokens": {"rate": "2000/hour", "unit": "tokens"},
         },
     },
     "pro": {
@@ -231,7 +255,7 @@ DEFAULT_PLANS: dict[str, dict[str, Any]] = {
         "resources": {
             "ai_inference": "30/minute",
             "bulk_search": "60/minute",
-            "ai_tokens": "20000/hour",
+            "ai_tokens": {"rate": "20000/hour", "unit": "tokens"},
         },
     },
     "enterprise": {
@@ -240,7 +264,7 @@ DEFAULT_PLANS: dict[str, dict[str, Any]] = {
         "resources": {
             "ai_inference": "120/minute",
             "bulk_search": "300/minute",
-            "ai_tokens": "100000/hour",
+            "ai_tokens": {"rate": "100000/hour", "unit": "tokens"},
         },
     },
 }
@@ -280,7 +304,7 @@ def catalog_from_config(
         where = f"QUOTA_PLANS[{name!r}]"
         if not isinstance(name, str) or not name or not isinstance(spec, Mapping):
             raise ValueError(f"{where} must map a plan name to a dict")
-        unknown = set(spec) - {"global", "tenant", "user", "resources", "description", "upgrade"}
+        unknown = set(spec) - _PLAN_FIELDS
         if unknown:
             raise ValueError(f"{where} has unknown fields {sorted(unknown)}")
         raw_resources = spec.get("resources", {})
@@ -293,14 +317,17 @@ def catalog_from_config(
         ]
         entries += [(Tier.ENDPOINT, str(k), v) for k, v in raw_resources.items()]
         limits = []
+        units = {}
         for tier, resource, value in entries:
             if not value:
                 continue
             field_name = f"['resources'][{resource!r}]" if resource else f"[{tier.value!r}]"
-            rates, mode = _limit_entry(value, where + field_name)
+            rates, mode, unit = _limit_entry(value, where + field_name, resource)
             if mode.algorithm is None and algorithm is not None:
                 check_fit(rates, algorithm, where + field_name, default=True)
             limits.append(Limit(tier, resource, rates, mode))
+            if unit is not None:
+                units[resource] = unit
         try:
             plans.append(
                 Plan.of(
@@ -308,6 +335,8 @@ def catalog_from_config(
                     limits,
                     description=str(spec.get("description", "")),
                     upgrade=spec.get("upgrade"),
+                    concurrent=_concurrent(spec.get("concurrent"), where),
+                    units=units,
                 )
             )
         except (ValueError, TypeError) as exc:
@@ -315,18 +344,34 @@ def catalog_from_config(
     return PlanCatalog(plans, upgrade_url=upgrade_url)
 
 
-def _limit_entry(value: Any, where: str) -> tuple[Rates, LimitMode]:
+_PLAN_FIELDS = {"global", "tenant", "user", "resources", "description", "upgrade", "concurrent"}
+
+
+def _concurrent(value: Any, where: str) -> int | None:
+    """A plan's ``concurrent``: a whole number of requests in flight, at least 1."""
+    if value is None:
+        return None
+    try:
+        return validators.concurrency(value)
+    except ValueError as exc:
+        raise ValueError(f"{where}['concurrent']: {exc}") from None
+
+
+def _limit_entry(value: Any, where: str, resource: str) -> tuple[Rates, LimitMode, str | None]:
     """One tier's or resource's entry: a rate text, or a dict with ``rate``,
-    ``algorithm`` and ``shadow``."""
+    ``algorithm``, ``shadow`` and (a resource's only) ``unit``."""
     if not isinstance(value, Mapping):
         try:
-            return parse_rates(value), ENFORCED
+            return parse_rates(value), ENFORCED, None
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
-    unknown = set(value) - {"rate", "algorithm", "shadow"}
+    allowed = ["rate", "algorithm", "shadow", *(["unit"] if resource else [])]
+    unknown = set(value) - set(allowed)
     if unknown:
+        # The global, tenant and user tiers count requests, whatever the resource.
+        hint = "" if resource else " (a unit belongs to a resource: this tier counts requests)"
         raise ValueError(
-            f"{where} has unknown fields {sorted(unknown)}; use rate, algorithm, shadow"
+            f"{where} has unknown fields {sorted(unknown)}; use {', '.join(allowed)}{hint}"
         )
     if "rate" not in value:
         raise ValueError(f"{where} needs a 'rate', e.g. {{'rate': '100/minute'}}")
@@ -347,18 +392,27 @@ def _limit_entry(value: Any, where: str) -> tuple[Rates, LimitMode]:
     shadow = value.get("shadow", False)
     if not isinstance(shadow, bool):
         raise ValueError(f"{where}['shadow']={shadow!r} must be true or false")
-    return rates, LimitMode(algorithm, shadow)
+    unit = value.get("unit")
+    if unit is not None:
+        try:
+            validators.unit_name(unit)
+        except ValueError as exc:
+            raise ValueError(f"{where}['unit']: {exc}") from None
+    return rates, LimitMode(algorithm, shadow), unit
 
 
-def _entry(rates: Rates, mode: LimitMode) -> Any:
-    """A limit in the ``QUOTA_PLANS`` shape: the rate text, or a dict when it has a mode."""
-    if mode.default:
+def _entry(rates: Rates, mode: LimitMode, unit: str | None = None) -> Any:
+    """A limit in the ``QUOTA_PLANS`` shape: the rate text, or a dict when it has a mode
+    or a unit."""
+    if mode.default and unit is None:
         return str(rates)
     entry: dict[str, Any] = {"rate": str(rates)}
     if mode.algorithm is not None:
         entry["algorithm"] = mode.algorithm.value
     if mode.shadow:
         entry["shadow"] = True
+    if unit is not None:
+        entry["unit"] = unit
     return entry
 
 
@@ -366,7 +420,7 @@ def plan_config(plan: Plan) -> dict[str, Any]:
     """One plan in the ``QUOTA_PLANS`` shape (what ``plans export`` writes)."""
     spec: dict[str, Any] = {}
     for limit in plan.limits():
-        entry = _entry(limit.rates, limit.mode)
+        entry = _entry(limit.rates, limit.mode, plan.units.get(limit.resource))
         if limit.tier is Tier.ENDPOINT:
             spec.setdefault("resources", {})[limit.resource] = entry
         else:
@@ -375,6 +429,8 @@ def plan_config(plan: Plan) -> dict[str, Any]:
         spec["description"] = plan.description
     if plan.upgrade is not None:
         spec["upgrade"] = plan.upgrade
+    if plan.concurrent is not None:
+        spec["concurrent"] = plan.concurrent
     return spec
 
 

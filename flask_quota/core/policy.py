@@ -66,6 +66,7 @@ class LimitSpec:
     rated: Generations[object, LimitSpec] = field(
         default_factory=lambda: Generations(64), init=False, compare=False, repr=False
     )
+    unit: str | None = None  # what the resource counts ("tokens"); a plan's unit wins
 
     def method_of(self, method: str) -> str:
         """The method part of this limit's key: ``HEAD`` is ``GET`` without a body."""

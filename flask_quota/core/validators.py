@@ -16,16 +16,19 @@ from .tiers import Tier
 
 __all__ = [
     "ALGORITHM_NAMES",
+    "DEFAULT_UNIT",
     "RESOURCE_PATTERN",
     "RESOURCE_RE",
     "algorithm",
     "client_name",
+    "concurrency",
     "is_count",
     "plan_name",
     "rate_text",
     "resource_name",
     "tier_name",
     "tier_resource",
+    "unit_name",
 ]
 
 RESOURCE_PATTERN = r"[A-Za-z0-9_.\-]{1,64}"
@@ -47,6 +50,16 @@ def algorithm(value: str) -> Algorithm:
 def is_count(value: object, *, minimum: int = 0) -> bool:
     """True for an int (not a bool) of at least ``minimum``: costs, charges, seconds."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def concurrency(value: object) -> int:
+    """How many requests of one caller may be in flight at once: a whole number, at least 1."""
+    if not is_count(value, minimum=1):
+        raise ValueError(
+            f"{value!r} is not a number of requests in flight: use a whole number of at least 1"
+        )
+    assert isinstance(value, int)
+    return value
 
 
 def tier_name(value: str) -> Tier:
@@ -84,6 +97,23 @@ def plan_name(value: object) -> str:
     """
     if not isinstance(value, str) or not _PLAN_RE.fullmatch(value) or value in (".", ".."):
         raise ValueError(f"plan name {value!r} must be {_PLAN_RULE}")
+    return value
+
+
+DEFAULT_UNIT = "requests"  # what a resource counts when nothing names its unit
+UNIT_MAX = 32
+_UNIT_RE = re.compile(r"[a-z]+(?: [a-z]+)*")
+_UNIT_RULE = (
+    f"1-{UNIT_MAX} characters: lowercase words of a-z, one space between them, "
+    "e.g. tokens, credits, bytes"
+)
+
+
+def unit_name(value: object) -> str:
+    """What a resource counts, as its 429 detail, the CLI and the dashboard say it:
+    ``"2000 tokens per 3600 s"``. Short lowercase words, so it reads inside a sentence."""
+    if not isinstance(value, str) or len(value) > UNIT_MAX or not _UNIT_RE.fullmatch(value):
+        raise ValueError(f"unit {value!r} must be {_UNIT_RULE}")
     return value
 
 

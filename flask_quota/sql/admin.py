@@ -168,17 +168,21 @@ class QuotaAdmin:
         resource: str | None = None,
         algorithm: str | None = None,
         shadow: bool | None = None,
+        unit: str | None = None,
         based_on: str | None = None,
     ) -> PlanInfo:
         """Set (add or replace) one limit of a plan: its rates, and optionally its
-        ``algorithm`` (``"default"``: ``QUOTA_ALGORITHM``) and ``shadow`` flag.
-        ``None`` keeps a limit's current algorithm or flag (a new limit's: the
-        default algorithm, enforced). ``based_on``: see ``StaleEdit``."""
+        ``algorithm`` (``"default"``: ``QUOTA_ALGORITHM``), ``shadow`` flag and, for
+        a resource, ``unit`` (``"tokens"``; ``"default"``: the decorator's, else
+        requests). ``None`` keeps a limit's current algorithm, flag or unit (a new
+        limit's: the default algorithm, enforced, no unit). ``based_on``: see
+        ``StaleEdit``."""
         self.check_plans_writable()
         tier_ = inputs.tier(tier)
         resource_ = inputs.resource(tier_, resource)
         rate_ = inputs.rate(rate)
         algorithm_ = inputs.algorithm(algorithm)
+        unit_ = inputs.unit(tier_, unit) if unit is not None else None
 
         def apply(session: Session) -> PlanInfo:
             record = _locked_plan(session, plan)
@@ -193,10 +197,34 @@ class QuotaAdmin:
                 limit.algorithm = algorithm_
             if shadow is not None:
                 limit.shadow = bool(shadow)
+            if unit is not None:
+                limit.unit = unit_
             self._fits(limit.rate, limit.algorithm, f"plan {plan!r}, {tier_} {resource_}".strip())
             session.flush()
             after = plan_info(record)
             self._audit(session, "plan.limit.set", f"plan:{plan}", asdict(before), asdict(after))
+            return after
+
+        return self._change(apply, f"plan {plan!r}")
+
+    def set_plan_concurrency(
+        self, plan: str, concurrent: int | str | None, *, based_on: str | None = None
+    ) -> PlanInfo:
+        """Bound how many requests of one caller of ``plan`` may be in flight at once,
+        across every endpoint (``None`` or ``"none"``: no bound). ``based_on``: see
+        ``StaleEdit``."""
+        self.check_plans_writable()
+        bound = inputs.concurrency(concurrent)
+
+        def apply(session: Session) -> PlanInfo:
+            record = _locked_plan(session, plan)
+            before = _unchanged_since(plan_info(record), based_on)
+            record.concurrent = bound
+            session.flush()
+            after = plan_info(record)
+            self._audit(
+                session, "plan.concurrent.set", f"plan:{plan}", asdict(before), asdict(after)
+            )
             return after
 
         return self._change(apply, f"plan {plan!r}")
@@ -276,6 +304,7 @@ class QuotaAdmin:
                 record.description = plan.description
                 record.upgrade_hint = plan.upgrade
                 record.position = position
+                record.concurrent = plan.concurrent
                 record.limits.clear()
                 session.flush()  # the old limits go before their replacements arrive
                 record.limits.extend(limit_rows(plan))

@@ -20,6 +20,7 @@ __all__ = [
     "algorithm",
     "billing_day",
     "client_name",
+    "concurrency",
     "description",
     "parse_duration",
     "plan_name",
@@ -28,6 +29,7 @@ __all__ = [
     "resource",
     "tenant",
     "tier",
+    "unit",
 ]
 
 T = TypeVar("T")
@@ -35,8 +37,10 @@ T = TypeVar("T")
 _DURATION_RE = re.compile(r"(?P<n>[+-]?\d{1,9})\s*(?P<unit>[smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _MAX_DURATION_DAYS = 3650
-# ``set_plan_limit(algorithm=DEFAULT_ALGORITHM)``: the limit follows QUOTA_ALGORITHM again.
+# ``set_plan_limit(algorithm=DEFAULT_ALGORITHM)``: the limit follows QUOTA_ALGORITHM again;
+# ``unit=DEFAULT_ALGORITHM``: the resource counts the decorator's unit (else requests) again.
 DEFAULT_ALGORITHM = "default"
+_NO_BOUND = ("", "none", "off")
 
 
 def parse_duration(text: str) -> timedelta:
@@ -89,6 +93,35 @@ def algorithm(value: str | None) -> str | None:
     except ValueError:
         choices = f"{validators.ALGORITHM_NAMES}, {DEFAULT_ALGORITHM}"
         raise AdminError(f"unknown algorithm {value!r}: use one of {choices}") from None
+
+
+def unit(tier: str, value: str) -> str | None:
+    """A resource's unit, or None for ``"default"`` or ``""`` (the decorator's, else
+    requests). Only the endpoint tier has one: the others count requests."""
+    text = value.strip()
+    if text.lower() in (DEFAULT_ALGORITHM, ""):
+        return None
+    if tier != "endpoint":
+        raise AdminError(
+            f"the {tier} tier counts requests: a unit belongs to an endpoint tier's resource"
+        )
+    return _checked(validators.unit_name, text)
+
+
+def concurrency(value: int | str | None) -> int | None:
+    """How many requests of one caller may be in flight at once, or None (``""``,
+    ``none``, ``off``) for no bound."""
+    if value is None or str(value).strip().lower() in _NO_BOUND:
+        return None
+    text = str(value).strip()
+    # Digits only (no "1.5", "+2", "1e3"); nine at most keeps it an ordinary integer.
+    if not isinstance(value, bool) and text.isascii() and text.isdigit() and len(text) <= 9:
+        number = int(text)
+        if number >= 1:
+            return validators.concurrency(number)
+    raise AdminError(
+        f"concurrent {value!r} must be a whole number of at least 1, or none for no bound"
+    )
 
 
 _DESCRIPTION_MAX = 500

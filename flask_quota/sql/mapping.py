@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+from ..core import validators
 from ..core.algorithms import Algorithm
 from ..core.plans import Limit, LimitMode, Plan
 from ..core.rates import Rates, parse_rates
@@ -52,14 +53,18 @@ log = logging.getLogger("flask_quota")
 def plan_record(plan: Plan, position: int) -> PlanRecord:
     """Rows for a configured plan (used to seed an empty plan table)."""
     record = PlanRecord(
-        name=plan.name, description=plan.description, upgrade_hint=plan.upgrade, position=position
+        name=plan.name,
+        description=plan.description,
+        upgrade_hint=plan.upgrade,
+        position=position,
+        concurrent=plan.concurrent,
     )
     record.limits.extend(limit_rows(plan))
     return record
 
 
 def limit_rows(plan: Plan) -> list[PlanLimit]:
-    """New ``PlanLimit`` rows for every limit of ``plan``, with algorithm and shadow."""
+    """New ``PlanLimit`` rows for every limit of ``plan``, with algorithm, shadow and unit."""
     rows = []
     for tier, resource, rates in plan_limits(plan):
         mode = plan.mode_for(tier, resource)
@@ -71,6 +76,7 @@ def limit_rows(plan: Plan) -> list[PlanLimit]:
                 rate=str(rates),
                 algorithm=algorithm,
                 shadow=mode.shadow,
+                unit=plan.units.get(resource) if resource else None,
             )
         )
     return rows
@@ -82,8 +88,10 @@ def plan_limits(plan: Plan) -> list[tuple[Tier, str, Rates]]:
 
 
 def plan_from_record(record: PlanRecord) -> Plan:
-    """The ``Plan`` a row and its limits describe (with each limit's algorithm and shadow)."""
+    """The ``Plan`` a row and its limits describe (with each limit's algorithm, shadow and
+    unit, and the plan's concurrency)."""
     limits = []
+    units = {}
     for row in record.limits:
         where = f"plan {record.name!r} {row.tier} {row.resource}"
         rate = _parse_stored(row.rate, where)
@@ -96,9 +104,39 @@ def plan_from_record(record: PlanRecord) -> Plan:
             continue
         mode = LimitMode(_stored_algorithm(row.algorithm, where), bool(row.shadow))
         limits.append(Limit(tier, row.resource, rate, mode))
+        unit = _stored_unit(row.unit, where) if tier is Tier.ENDPOINT else None
+        if unit is not None:
+            units[row.resource] = unit
     return Plan.of(
-        record.name, limits, description=record.description or "", upgrade=record.upgrade_hint
+        record.name,
+        limits,
+        description=record.description or "",
+        upgrade=record.upgrade_hint,
+        concurrent=_stored_concurrent(record.concurrent, record.name),
+        units=units,
     )
+
+
+def _stored_unit(unit: str | None, where: str) -> str | None:
+    # Validated on write; a unit edited by hand into nonsense counts requests again.
+    if unit is None:
+        return None
+    try:
+        return validators.unit_name(unit)
+    except ValueError as exc:
+        log.error("flask-quota: %s: %s; counting requests", where, exc)
+        return None
+
+
+def _stored_concurrent(value: int | None, plan: str) -> int | None:
+    # The table's CHECK refuses a bound below 1; a value of another type is ignored.
+    if value is None:
+        return None
+    try:
+        return validators.concurrency(value)
+    except ValueError as exc:
+        log.error("flask-quota: plan %r: ignoring concurrent: %s", plan, exc)
+        return None
 
 
 def _stored_algorithm(name: str | None, where: str) -> Algorithm | None:
@@ -148,6 +186,7 @@ class LimitInfo:
     rate: str
     algorithm: str | None
     shadow: bool
+    unit: str | None = None  # an endpoint row's: what its resource counts (None: requests)
 
 
 @dataclass(frozen=True)
@@ -156,6 +195,7 @@ class PlanInfo:
     description: str
     upgrade_hint: str | None
     limits: tuple[LimitInfo, ...]
+    concurrent: int | None = None  # requests of one caller in flight at once (None: no bound)
 
     @property
     def token(self) -> str:
@@ -207,15 +247,25 @@ class AuditInfo:
 
 def plan_info_of(plan: Plan) -> PlanInfo:
     """The view a configured plan would have once written as rows (``limit_rows``)."""
-    limits = [
-        LimitInfo(x.tier, x.resource, x.rate, x.algorithm, x.shadow) for x in limit_rows(plan)
-    ]
-    return PlanInfo(plan.name, plan.description, plan.upgrade, _sorted_limits(limits))
+    limits = [_limit_info(x) for x in limit_rows(plan)]
+    return PlanInfo(
+        plan.name, plan.description, plan.upgrade, _sorted_limits(limits), plan.concurrent
+    )
 
 
 def plan_info(record: PlanRecord) -> PlanInfo:
-    limits = [LimitInfo(x.tier, x.resource, x.rate, x.algorithm, x.shadow) for x in record.limits]
-    return PlanInfo(record.name, record.description, record.upgrade_hint, _sorted_limits(limits))
+    limits = [_limit_info(x) for x in record.limits]
+    return PlanInfo(
+        record.name,
+        record.description,
+        record.upgrade_hint,
+        _sorted_limits(limits),
+        record.concurrent,
+    )
+
+
+def _limit_info(row: PlanLimit) -> LimitInfo:
+    return LimitInfo(row.tier, row.resource, row.rate, row.algorithm, row.shadow, row.unit)
 
 
 def _sorted_limits(limits: list[LimitInfo]) -> tuple[LimitInfo, ...]:

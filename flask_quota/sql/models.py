@@ -51,7 +51,7 @@ __all__ = [
 # The Alembic revision these models correspond to (migrations/versions/). When the
 # extension creates the tables itself, it records this revision so that a later
 # ``flask db upgrade`` continues from here; tests/test_migrations.py keeps it in step.
-SCHEMA_REVISION = "0002_tenants"
+SCHEMA_REVISION = "0003_concurrency_units"
 
 metadata = MetaData(
     naming_convention={
@@ -130,11 +130,15 @@ def _resource_for(tier: str, resource: str) -> str:
 
 
 class PlanRecord(Model):
-    """A plan: the rates its callers get, in upgrade order (``position``)."""
+    """A plan: the rates its callers get, in upgrade order (``position``), and how many
+    requests of one caller may be in flight at once (``concurrent``; None: no bound)."""
 
     __tablename__ = "quota_plans"
     # Table-level (not ``unique=True``): copies in a host's metadata keep the name.
-    __table_args__ = (UniqueConstraint("name"),)
+    __table_args__ = (
+        UniqueConstraint("name"),
+        CheckConstraint("concurrent >= 1", name="concurrent"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(64))
@@ -142,6 +146,7 @@ class PlanRecord(Model):
     upgrade_hint: Mapped[str | None] = mapped_column(Text)  # None: generated from later plans
     position: Mapped[int] = mapped_column(Integer, default=0)  # cheapest first
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    concurrent: Mapped[int | None] = mapped_column(Integer)
 
     limits: Mapped[list[PlanLimit]] = relationship(
         back_populates="plan", cascade="all, delete-orphan", order_by="PlanLimit.id"
@@ -150,6 +155,10 @@ class PlanRecord(Model):
     @validates("name")
     def _check_name(self, key: str, value: str) -> str:
         return validators.plan_name(value)
+
+    @validates("concurrent")
+    def _check_concurrent(self, key: str, value: int | None) -> int | None:
+        return None if value is None else validators.concurrency(value)
 
 
 class _TierRate:
@@ -176,19 +185,23 @@ class _TierRate:
 
 
 class PlanLimit(_TierRate, Model):
-    """One rate of a plan: a tier (``endpoint`` rows name their resource)."""
+    """One rate of a plan: a tier (``endpoint`` rows name their resource, and may name
+    what it counts: ``unit``, None for requests)."""
 
     __tablename__ = "quota_plan_limits"
     __table_args__ = (
         UniqueConstraint("plan_id", "tier", "resource"),
         CheckConstraint(f"tier IN ({_TIERS})", name="tier"),
         CheckConstraint(_RESOURCE_CHECK, name="resource"),
+        # The other tiers count requests, whatever the resource.
+        CheckConstraint("unit IS NULL OR tier = 'endpoint'", name="unit"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     plan_id: Mapped[int] = mapped_column(ForeignKey("quota_plans.id", ondelete="CASCADE"))
     algorithm: Mapped[str | None] = mapped_column(String(32))  # None: QUOTA_ALGORITHM
     shadow: Mapped[bool] = mapped_column(Boolean, default=False)  # decided, recorded, never denies
+    unit: Mapped[str | None] = mapped_column(String(validators.UNIT_MAX))
 
     plan: Mapped[PlanRecord] = relationship(back_populates="limits")
 
@@ -197,6 +210,10 @@ class PlanLimit(_TierRate, Model):
         if value is None:
             return None
         return validators.algorithm(value).value
+
+    @validates("unit")
+    def _check_unit(self, key: str, value: str | None) -> str | None:
+        return None if value is None else validators.unit_name(value)
 
 
 class Client(Model):

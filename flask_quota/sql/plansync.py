@@ -50,13 +50,14 @@ def sql_plans(store: SqlStore) -> list[Plan]:
         return [plan_from_record(record) for record in records]
 
 
-def _limits(plan: Plan) -> dict[tuple[Tier, str], tuple[str, str, bool]]:
-    """(tier, resource) -> (rates text, algorithm or "default", shadow)."""
+def _limits(plan: Plan) -> dict[tuple[Tier, str], tuple[str, str, bool, str]]:
+    """(tier, resource) -> (rates text, algorithm or "default", shadow, unit or "default")."""
     found = {}
     for tier, resource, rates in plan_limits(plan):
         mode = plan.mode_for(tier, resource)
         algorithm = mode.algorithm.value if mode.algorithm is not None else "default"
-        found[(tier, resource)] = (str(rates), algorithm, mode.shadow)
+        unit = plan.units.get(resource, "default") if resource else "default"
+        found[(tier, resource)] = (str(rates), algorithm, mode.shadow, unit)
     return found
 
 
@@ -74,6 +75,11 @@ def drift(config: list[Plan], database: list[Plan]) -> list[str]:
     ]
     lines.sort()
     for name in [n for n in ours if n in theirs]:
+        if ours[name].concurrent != theirs[name].concurrent:
+            mine_, stored_ = (p.concurrent or "none" for p in (ours[name], theirs[name]))
+            lines.append(
+                f"plan {name!r}: concurrent {mine_} in QUOTA_PLANS, {stored_} in the database"
+            )
         mine, stored = _limits(ours[name]), _limits(theirs[name])
         for key in sorted(
             mine.keys() | stored.keys(), key=lambda k: (list(Tier).index(k[0]), k[1])
@@ -88,7 +94,7 @@ def drift(config: list[Plan], database: list[Plan]) -> list[str]:
                 )
                 lines.append(f"{where}: a limit in {has}, none in {lacks}")
                 continue
-            for field, x, y in zip(("rate", "algorithm", "shadow"), a, b, strict=True):
+            for field, x, y in zip(("rate", "algorithm", "shadow", "unit"), a, b, strict=True):
                 if x != y:
                     lines.append(f"{where}: {field} {x} in QUOTA_PLANS, {y} in the database")
     return lines

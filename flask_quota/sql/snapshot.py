@@ -54,12 +54,20 @@ class OverrideRule:
 
 def apply_overrides(plan: Plan, rules: Iterable[OverrideRule]) -> Plan:
     """``plan`` with each rule's rate in place of the plan's own (the name stays; a
-    later rule for the same tier and resource wins). Each limit keeps its mode."""
+    later rule for the same tier and resource wins). Each limit keeps its mode, and the
+    plan its other fields."""
     limits = list(plan.limits())
     for rule in rules:
         mode = plan.mode_for(rule.tier, rule.resource or None)
         limits.append(Limit(rule.tier, rule.resource, rule.rate, mode))
-    return Plan.of(plan.name, limits, description=plan.description, upgrade=plan.upgrade)
+    return Plan.of(
+        plan.name,
+        limits,
+        description=plan.description,
+        upgrade=plan.upgrade,
+        concurrent=plan.concurrent,
+        units=plan.units,
+    )
 
 
 class SqlCatalog(PlanCatalog):
