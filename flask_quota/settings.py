@@ -94,8 +94,9 @@ DOCS: dict[str, str] = {
     "QUOTA_DASHBOARD_URL": "URL prefix to mount the dashboard at, e.g. ``/quota``; ``None``: "
     "not mounted.",
     "QUOTA_ENABLED": "``False`` switches enforcement off entirely.",
-    "QUOTA_PLANS": "Plans as a dict (or JSON): ``{name: {global, user, resources, "
-    "description, upgrade}}``; ``None``: the built-in free/pro/enterprise plans.",
+    "QUOTA_PLANS": "Plans as a dict (or JSON): ``{name: {global, tenant, user, concurrent, "
+    "resources, description, upgrade}}``, each resource a rate or ``{rate, algorithm, shadow, "
+    "unit}``; ``None``: the built-in free/pro/enterprise plans.",
     "QUOTA_KEY_PREFIX": "Prefix of every storage key.",
     "QUOTA_UPGRADE_URL": "Link named in the ``upgrade`` hint of a 429 body.",
     "QUOTA_REJECT_UNKNOWN_KEYS": "Answer 401 to an unknown, revoked or malformed API key "
