@@ -172,14 +172,17 @@ def named(specs: Limits, endpoint: str) -> Limits:
     """Stacked limits with their resources set, so each has a bucket of its own: the
     first without one (nearest the function) takes the endpoint's name, as a lone
     limit does, and the n-th is named ``ENDPOINT.n``; adding a limit above the others
-    leaves their buckets' keys as they were. A lone limit is left as it is."""
+    leaves their buckets' keys as they were. A name another limit of the stack gives
+    itself (``resource=``) is skipped: two limits never share a bucket. A lone limit is
+    left as it is."""
     if len(specs) < 2:
         return specs
+    taken = {spec.resource for spec in specs if spec.resource is not None}
     out: list[LimitSpec] = []
     unnamed = 0
     for spec in specs:
         name = spec.resource
-        if name is None:
+        while name is None or (spec.resource is None and name in taken):
             unnamed += 1
             name = endpoint if unnamed == 1 else f"{endpoint}.{unnamed}"
         out.append(replace(spec, resource=name, stacked=True))

@@ -28,6 +28,8 @@ from flask_quota.core.plans import Plan, PlanCatalog
 from flask_quota.core.rates import parse_rates
 from flask_quota.core.tiers import Tier
 from flask_quota.settings import Settings
+from flask_quota.sql import inputs
+from flask_quota.sql.errors import AdminError
 from flask_quota.storage import MemoryStorage, Storage
 from flask_quota.storage.denycache import DenyCache
 from flask_quota.storage.redis import RedisStorage
@@ -99,10 +101,37 @@ def close_all(responses: list[TestResponse]) -> None:
 def test_concurrent_must_be_an_int_of_at_least_one(app: Flask) -> None:
     """``concurrent=`` takes an int >= 1; anything else fails when the view is decorated."""
     quota = Quota(app, storage=MemoryStorage())
-    for bad in (0, -1, True, "2", 1.5):
-        with pytest.raises(ValueError, match="concurrent must be an int >= 1"):
+    for bad in (0, -1, True, "2", 1.5, 100_001, 10**8):
+        with pytest.raises(ValueError, match="concurrent must be an int from 1 to 100,000"):
             quota.limit(concurrent=bad)  # type: ignore[arg-type]
     quota.limit(concurrent=1)  # alone: a valid limit, no rate and no resource needed
+    quota.limit(concurrent=100_000)
+
+
+def test_the_most_slots_a_plan_allows_still_decide_on_a_one_second_lease(app: Flask) -> None:
+    """A plan's ``concurrent`` above 100,000 is refused at configuration; at 100,000 the
+    lease decides even with ``QUOTA_LEASE_SECONDS = 1`` (before, 10**8 slots were
+    accepted and every request of the plan answered 500)."""
+    with pytest.raises(ValueError, match="concurrent"):
+        bad = Flask("bad")
+        bad.config.update(QUOTA_PLANS={"free": {"concurrent": 10**8}})
+        Quota(bad, storage=MemoryStorage())
+    app.config.update(QUOTA_PLANS={"free": {"concurrent": 100_000}}, QUOTA_LEASE_SECONDS=1)
+    quota = Quota(app, storage=MemoryStorage())
+
+    @app.get("/ok")
+    def ok() -> str:
+        return "ok"
+
+    response = app.test_client().get("/ok")
+    assert response.status_code == 200
+    assert response.headers["X-Concurrency-Limit"] == "100000"
+    with app.app_context():
+        assert quota.peek("nobody")[0].tier == "concurrent"
+    # The CLI's and the dashboard's reading of the bound refuses the same.
+    with pytest.raises(AdminError, match="from 1 to 100,000"):
+        inputs.concurrency("100001")
+    assert inputs.concurrency("100000") == 100_000
 
 
 @pytest.mark.parametrize("bad", [0, -5, "soon", 1.5, 10**9])

@@ -274,3 +274,26 @@ def test_a_stacked_limits_concurrent_takes_a_lease_of_its_own(
     again = http.get("/stream")  # the slot is back; the denial above charged no minute
     assert again.status_code == 200
     assert again.headers["X-RateLimit-Remaining"] == "0"
+
+
+def test_an_automatic_name_never_takes_another_limits_resource(
+    app: Flask, clock: FrozenClock
+) -> None:
+    """A limit without a resource on a view named like another limit's resource gets a
+    name of its own: both limits apply, each to its own bucket (before, the literal
+    limit was named ``ai_inference`` too, and the plan's 5/minute ruled both)."""
+    app.config.update(QUOTA_PLANS={"free": {"resources": {"ai_inference": "5/minute"}}})
+    quota = Quota(app, storage=MemoryStorage(clock))
+
+    @app.post("/v1/ai")
+    @quota.limit(resource="ai_inference")
+    @quota.limit("2/second")
+    def ai_inference() -> str:
+        return "ok"
+
+    http = app.test_client()
+    assert [http.post("/v1/ai").status_code for _ in range(3)] == [200, 200, 429]
+    denied = http.post("/v1/ai")
+    assert denied.get_json()["resource"] == "ai_inference.2"
+    policy = denied.headers["RateLimit-Policy"]
+    assert '"ai_inference";q=5;w=60' in policy and '"ai_inference.2";q=2;w=1' in policy

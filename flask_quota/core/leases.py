@@ -22,7 +22,8 @@ import os
 from .algorithms import Step
 from .clock import US
 from .plans import PlanCatalog
-from .rates import MAX_LIMIT, Rate
+from .rates import Rate
+from .validators import MAX_SLOTS
 
 __all__ = [
     "RETRY_US",
@@ -45,10 +46,11 @@ Leases = tuple[tuple[int, str], ...]
 
 
 def slots(value: object) -> int:
-    """A concurrency limit's slots (``concurrent=N``): an int from 1 to ``MAX_LIMIT``."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+    """A concurrency limit's slots (``concurrent=N``): an int from 1 to ``MAX_SLOTS``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SLOTS:
         raise ValueError(
-            f"concurrent must be an int >= 1 (requests in flight at once), got {value!r}"
+            f"concurrent must be an int from 1 to {MAX_SLOTS:,} (requests in flight at once), "
+            f"got {value!r}"
         )
     return value
 

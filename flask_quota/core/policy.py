@@ -18,6 +18,7 @@ from .plans import ENFORCED, LimitMode, Plan
 from .rates import Rate, Rates
 from .reply import Reply
 from .tiers import Tier
+from .validators import MAX_SLOTS
 
 __all__ = [
     "ANY_METHOD",
@@ -484,9 +485,11 @@ class Policy:
         checks.append(TierCheck(Tier.CONCURRENT, f"concurrent ({resource})", check, resource))
 
     def _lease(self, set_key: str, slots: int, cost: int) -> Check:
-        """A lease check: ``slots`` held at most, each for ``QUOTA_LEASE_SECONDS`` at most."""
-        return Check(lease_key(set_key), Gate.LEASE, Rate(slots, self.lease_seconds), cost,
-                     self.shadow)  # fmt: skip
+        """A lease check: ``slots`` held at most, each for ``QUOTA_LEASE_SECONDS`` at most.
+        Every way in refuses more than ``MAX_SLOTS``; a row written into SQL by hand is
+        held to it too, as its count must stay an ordinary rate."""
+        rate = Rate(min(slots, MAX_SLOTS), self.lease_seconds)
+        return Check(lease_key(set_key), Gate.LEASE, rate, cost, self.shadow)
 
     def _each_rate(
         self,

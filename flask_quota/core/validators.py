@@ -52,11 +52,19 @@ def is_count(value: object, *, minimum: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
+# The most requests in flight a concurrency limit may allow: far beyond any server's
+# (GitHub allows 100), and a lease's count stays an ordinary rate whatever
+# QUOTA_LEASE_SECONDS is (at least 1 s: 100,000 per second).
+MAX_SLOTS = 100_000
+
+
 def concurrency(value: object) -> int:
-    """How many requests of one caller may be in flight at once: a whole number, at least 1."""
-    if not is_count(value, minimum=1):
+    """How many requests of one caller may be in flight at once: a whole number from 1
+    to ``MAX_SLOTS``."""
+    if not is_count(value, minimum=1) or value > MAX_SLOTS:  # type: ignore[operator]
         raise ValueError(
-            f"{value!r} is not a number of requests in flight: use a whole number of at least 1"
+            f"{value!r} is not a number of requests in flight: use a whole number from 1 "
+            f"to {MAX_SLOTS:,}"
         )
     assert isinstance(value, int)
     return value

@@ -117,10 +117,11 @@ def concurrency(value: int | str | None) -> int | None:
     # Digits only (no "1.5", "+2", "1e3"); nine at most keeps it an ordinary integer.
     if not isinstance(value, bool) and text.isascii() and text.isdigit() and len(text) <= 9:
         number = int(text)
-        if number >= 1:
-            return validators.concurrency(number)
+        if 1 <= number <= validators.MAX_SLOTS:
+            return number
     raise AdminError(
-        f"concurrent {value!r} must be a whole number of at least 1, or none for no bound"
+        f"concurrent {value!r} must be a whole number from 1 to {validators.MAX_SLOTS:,}, "
+        "or none for no bound"
     )
 
 
