@@ -8,7 +8,7 @@ import os
 import shlex
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from blinker import NamedSignal
@@ -294,7 +294,7 @@ class Quota:
         outside a request ``key`` is required. The caller's plan may set the
         resource's rate, as for ``@quota.limit``; outside a request the default plan's.
         """
-        return Limited(limited_spec(rate, resource, key, cost), self._limited_context)
+        return Limited(limited_spec(rate, resource, key, cost), self._limited_context, _inner)
 
     def _limited_context(self) -> tuple[Enforcer, Facts | None] | None:
         """What a ``quota.limited`` decides with on entry: the enforcer and the request's
@@ -504,7 +504,7 @@ class Quota:
             scope = g._get_current_object()
             scope._quota = decided
             if decided.route.leases and decided.reply.all_allowed:
-                scope._quota_leased = decided  # given back after the response: _hold_leases
+                scope._quota_leased = decided  # given back after the response (_after_request)
 
     def _identify(self, settings: Settings, req: Request) -> Identity | None:
         if self._identity_loader is not None:
@@ -540,50 +540,98 @@ class Quota:
                 # The app's own @app.errorhandler(QuotaExceeded) answered: the wait still
                 # holds (a block's rest, not the tier's, when this request was blocked).
                 response.headers[wait] = str(denial.retry_after)
+            if names:  # e.g. the handler returned error.get_response(): our usual names
+                _rename(response, names)
         decided: Decided | None = scope.__dict__.pop("_quota", None)
         if decided is None:
             return response
         state: QuotaState = current_app.extensions["quota"]
         mode, headers, spec = state.settings.headers, response.headers, decided.spec
         names = state.settings.header_names
-        if decided.route.leases:
-            self._hold_leases(state, scope, response, decided)
+        if decided.route.leases and mode is not HeaderMode.NONE:
+            apply_headers(headers, decided.route.lease_headers(decided.reply), names)
         decision = None
+        if scope.__dict__.pop("_quota_inner", False):
+            # A quota.limited inside the view denied: the 429 is that limit's, and the
+            # view's own headers would contradict its body.
+            spec = None
+        elif response.is_streamed and spec is not None and decided.reply.all_allowed:
+            # The stream may still call quota.settle or quota.charge while it runs: they
+            # are settled when it ends. Its headers left before, so they show admission.
+            apply_headers(headers, decided.route.headers(decided.reply, mode), names)
+            response.call_on_close(_Settle(state, decided, scope, response))
+            spec = None
         # What the view asked for after the response: quota.charge's units, quota.settle's.
-        extra, actual = scope.__dict__.pop("_quota_after", _NOTHING_AFTER)
-        if (
-            spec is not None
-            and decided.reply.all_allowed
-            and (spec.charge_when or extra or actual is not None or _judged(decided.more))
-        ):
-
-            def counted(limit: LimitSpec) -> bool:
-                return limit.charge_when is None or bool(limit.charge_when(response))
-
-            decision = state.enforcer.settle(decided, counted=counted, extra=extra, actual=actual)
+        elif (after := _settlement(scope, decided, response)) is not None:
+            decision = state.enforcer.settle(decided, **after)
             apply_headers(headers, rate_limit_headers(decision, mode), names)
-        else:
+            spec = None
+        if spec is not None:
             apply_headers(headers, decided.route.headers(decided.reply, mode), names)
         if state.usage is not None:
             decision = decision or decided.decision()
             state.usage.record(decided.tag, decision.plan, decision.usage_outcomes())
-        return response
-
-    @staticmethod
-    def _hold_leases(state: QuotaState, scope: Any, response: Response, decided: Decided) -> None:
-        """The concurrency headers; a streamed response holds its leases until it is
-        closed (its stream ended), any other gives them back at teardown, once its
-        body is made (so a test client's unclosed responses hold no slot)."""
-        if state.settings.headers is not HeaderMode.NONE:
-            apply_headers(
-                response.headers,
-                decided.route.lease_headers(decided.reply),
-                state.settings.header_names,
-            )
-        if response.is_streamed:
+        if decided.route.leases and response.is_streamed:
+            # Last, so that a failure above leaves the lease to the teardown: a streamed
+            # response holds its leases until it is closed (its stream ended).
             leased: Decided | None = scope.__dict__.pop("_quota_leased", None)
             if leased is not None:
-                response.call_on_close(_Release(state.enforcer, leased))
+                release = _Release(state.enforcer, leased)
+                scope._quota_release = release  # for the teardown, if a later hook raises
+                response.call_on_close(release)
+        return response
+
+
+def _settlement(scope: Any, decided: Decided, response: Response) -> dict[str, Any] | None:
+    """``Enforcer.settle``'s arguments for an admitted request whose view charged, settled
+    or has a ``charge_when`` to ask; None when nothing changes its charge."""
+    extra, actual = scope.__dict__.pop("_quota_after", _NOTHING_AFTER)
+    spec = decided.spec
+    if spec is None or not decided.reply.all_allowed:
+        return None
+    if not (spec.charge_when or extra or actual is not None or _judged(decided.more)):
+        return None
+
+    def counted(limit: LimitSpec) -> bool:
+        return limit.charge_when is None or bool(limit.charge_when(response))
+
+    return {"counted": counted, "extra": extra, "actual": actual}
+
+
+class _Settle:
+    """A streamed response's settlement when it is closed: what its stream charged or
+    settled while it ran (``quota.charge``, ``quota.settle``) and its ``charge_when``."""
+
+    __slots__ = ("decided", "response", "scope", "state")
+
+    def __init__(self, state: QuotaState, decided: Decided, scope: Any, response: Response):
+        self.state, self.decided, self.scope, self.response = state, decided, scope, response
+
+    def __call__(self) -> None:
+        after = _settlement(self.scope, self.decided, self.response)
+        if after is None:
+            return
+        try:
+            self.state.enforcer.settle(self.decided, **after)
+        except Exception:  # the response is gone: nothing to answer, so it is logged
+            log.exception("flask-quota: settling a streamed response failed")
+
+
+def _rename(response: Response, names: Mapping[str, str]) -> None:
+    """Our headers sent under their usual names (a response the app built from our
+    error) move to their ``QUOTA_HEADER_NAMES`` names."""
+    headers = response.headers
+    for ours, theirs in names.items():
+        value = headers.get(ours)
+        if value is not None and theirs != ours:
+            del headers[ours]
+            headers[theirs] = value
+
+
+def _inner() -> None:
+    """A ``quota.limited`` denied inside a request: noted for the after-request hook."""
+    if has_request_context():
+        g._get_current_object()._quota_inner = True
 
 
 class _Release:
@@ -602,12 +650,16 @@ class _Release:
 
 def _release_at_teardown(error: BaseException | None) -> None:
     """Give back the leases of a request whose response is not streamed, or that got
-    none (its view raised past the error handlers, an after-request hook failed)."""
+    none (its view raised past the error handlers, an after-request hook failed, also
+    after a streamed response's close hook was set: that response is never sent)."""
     scope = g._get_current_object()
     leased: Decided | None = scope.__dict__.pop("_quota_leased", None)
     if leased is not None:
         state: QuotaState = current_app.extensions["quota"]
         _Release(state.enforcer, leased)()
+    release: _Release | None = scope.__dict__.pop("_quota_release", None)
+    if release is not None and error is not None:
+        release()  # gives back once, whichever of it and the close comes first
 
 
 # ``g._quota_after`` until a view calls quota.charge or quota.settle: (units, actual).

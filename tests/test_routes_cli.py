@@ -267,3 +267,21 @@ def test_the_operations_page_shows_the_demos_real_output(demo: Flask) -> None:
     assert len(shown) >= 8
     for cells in shown:
         assert cells in printed, " ".join(cells)
+
+
+def test_a_callable_rate_is_listed_as_callable(app: Flask) -> None:
+    """A rate asked per request shows as ``callable`` where no plan sets the resource
+    (it was listed as no rate at all)."""
+    app.config["QUOTA_PLANS"] = {"free": {}, "pro": {"resources": {"ai": "50/minute"}}}
+    quota = Quota(app)
+
+    @app.get("/ai")
+    @quota.limit(lambda: "5/minute", resource="ai")
+    def ai() -> str:
+        return "x"
+
+    found = json.loads(invoke(app, "--json").output)
+    [row] = [r for r in found["routes"] if r["rule"] == "/ai"]
+    [limit] = row["limits"]
+    assert limit["rate"] == "callable"
+    assert limit["plans"] == {"free": "callable", "pro": "50/minute"}

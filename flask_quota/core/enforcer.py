@@ -338,7 +338,9 @@ class Enforcer:
             return decided
         if self.events is not None:
             self.events.exceeded(decision)
-        if self.escalate is not None:
+        # Waiting for a slot is what a concurrency denial asks (Retry-After: 1), so it
+        # never counts towards QUOTA_BLOCK_AFTER.
+        if self.escalate is not None and denied.tier is not Tier.CONCURRENT:
             block = self.escalate(tag)
             if block is not None:
                 # Blocked now: by this denial, or meanwhile by anyone (an operator too),

@@ -64,14 +64,22 @@ class Limited(ContextDecorator):
     limit's bucket, or raises ``QuotaExceeded`` (nothing charged). Leaving gives
     nothing back: the work was attempted."""
 
-    def __init__(self, spec: LimitedSpec, context: Context) -> None:
+    def __init__(
+        self, spec: LimitedSpec, context: Context, denied: Callable[[], None] | None = None
+    ) -> None:
         self.spec = spec
         self.context = context
+        self.denied = denied  # told of a denial before it is raised (the extension's note)
 
     def __enter__(self) -> Limited:
         found = self.context()
         if found is not None:
-            enforce(self.spec, *found)
+            try:
+                enforce(self.spec, *found)
+            except QuotaExceeded:
+                if self.denied is not None:
+                    self.denied()
+                raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -119,4 +127,4 @@ def enforce(spec: LimitedSpec, enforcer: Enforcer, facts: Facts | None) -> None:
         enforcer.events.exceeded(decision)
     upgrade = catalog.upgrade_hint(plan.name, Tier.ENDPOINT, resource)
     cost = limit.cost if isinstance(limit.cost, int) else 1
-    raise QuotaExceeded(decision, upgrade=upgrade, cost=cost)
+    raise QuotaExceeded(decision, upgrade=upgrade, cost=cost, unit=plan.unit_for(resource))

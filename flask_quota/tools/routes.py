@@ -160,7 +160,8 @@ def _limit(spec: LimitSpec, endpoint: str, catalog: Mapping[str, Plan]) -> Limit
     # The resource the enforcer keys the bucket by: the endpoint when none is named.
     resource = spec.resource or endpoint
     rate: Any = spec.rate
-    literal = None if rate is None else "callable" if callable(rate) else str(rate)
+    # A callable rate is asked per request (``rate_of``): only its nature is known here.
+    literal = "callable" if spec.rate_of is not None else None if rate is None else str(rate)
     plans = {}
     for plan in catalog.values():
         # As the policy decides: the plan's rate for the resource wins over the literal.
