@@ -554,19 +554,17 @@ class Quota:
         if scope.__dict__.pop("_quota_inner", False):
             # A quota.limited inside the view denied: the 429 is that limit's, and the
             # view's own headers would contradict its body.
-            spec = None
+            pass
         elif response.is_streamed and spec is not None and decided.reply.all_allowed:
             # The stream may still call quota.settle or quota.charge while it runs: they
             # are settled when it ends. Its headers left before, so they show admission.
             apply_headers(headers, decided.route.headers(decided.reply, mode), names)
             response.call_on_close(_Settle(state, decided, scope, response))
-            spec = None
         # What the view asked for after the response: quota.charge's units, quota.settle's.
         elif (after := _settlement(scope, decided, response)) is not None:
             decision = state.enforcer.settle(decided, **after)
             apply_headers(headers, rate_limit_headers(decision, mode), names)
-            spec = None
-        if spec is not None:
+        else:
             apply_headers(headers, decided.route.headers(decided.reply, mode), names)
         if state.usage is not None:
             decision = decision or decided.decision()

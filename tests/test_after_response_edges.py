@@ -139,3 +139,20 @@ def test_a_concurrency_denial_never_blocks_the_caller(app: Flask, clock: FrozenC
     assert tiers == ["concurrent"] * 5
     with http.get("/s") as after:
         assert after.status_code == 200
+
+
+def test_a_view_without_a_limit_still_shows_the_plans_tiers(
+    app: Flask, clock: FrozenClock
+) -> None:
+    """The after-response paths above must leave the plain case alone: the user tier's
+    headers on a view that has no ``@quota.limit``."""
+    app.config.update(QUOTA_PLANS={"free": {"user": "50/minute"}})
+    Quota(app, storage=MemoryStorage(clock))
+
+    @app.get("/")
+    def index() -> str:
+        return "ok"
+
+    response = app.test_client().get("/")
+    assert response.headers["X-RateLimit-Resource"] == "user"
+    assert response.headers["RateLimit-Policy"] == '"user";q=50;w=60'
