@@ -14,7 +14,12 @@ Not part of a run. On a redis-server of its own:
   each variant, counted by callgrind (a server of its own per count, run with
   200 and with 2,200 calls; the difference over 2,000). Unlike a time, the count
   repeats exactly from run to run on a noisy machine, so it shows what a change
-  to the script saves. It includes reading the call and writing its reply.
+  to the script saves. It includes reading the call and writing its reply;
+* with ``--decisions``, instead: the same count for whole decisions made through
+  the public API (``RedisStorage.decide_flat``, whatever command it sends: an
+  ``FCALL`` or an ``EVALSHA``), for each algorithm with 1, 2 and 3 tiers and for
+  three tiers plus a tenant tier, a concurrency lease or a calendar window
+  (``DECISIONS``); ``--decisions tb-3 floor`` counts some of them.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from flask_quota.core.keys import KeyBuilder
 from flask_quota.core.plans import Plan
 from flask_quota.core.policy import LimitSpec, Policy
 from flask_quota.core.route import build_route
-from flask_quota.storage.redis import SCRIPT, decide_args
+from flask_quota.storage.redis import SCRIPT, RedisStorage, decide_args
 
 from .compare import FLOOR_SCRIPT
 from .env import free_port, redis_server, wait_for_port
@@ -72,6 +77,68 @@ def _calls() -> list[tuple[list[str], list[Any]]]:
         checks = route.checks(route.keys(f"ip=10.0.{i // 250}.{i % 250}", f"id=u{i}", f"id=u{i}"))
         calls.append(([c.key for c in checks], decide_args(checks, "decide", "")))
     return calls
+
+
+RATE = "1000000/hour"
+LOG_RATE = "1000/hour"  # the most a sliding log may hold (a larger one is run as a counter)
+# name -> (algorithm, tiers, extra): extra is "tenant", "lease" or "calendar" (the
+# endpoint tier a "1000000/month" window), or "" for none.
+DECISIONS: dict[str, tuple[Algorithm, int, str]] = {
+    f"{a.code}-{n}": (a, n, "") for a in Algorithm for n in (1, 2, 3)
+} | {
+    "tb-3+tenant": (Algorithm.TOKEN_BUCKET, 3, "tenant"),
+    "tb-3+lease": (Algorithm.TOKEN_BUCKET, 3, "lease"),
+    "tb-3+calendar": (Algorithm.TOKEN_BUCKET, 3, "calendar"),
+}
+
+
+def decision_calls(name: str) -> list[tuple[Any, list[str]]]:
+    """(checks, keys) of 1,000 callers' decisions of the case ``name`` (``DECISIONS``)."""
+    algorithm, tiers, extra = DECISIONS[name]
+    rate = LOG_RATE if algorithm is Algorithm.SLIDING_WINDOW_LOG else RATE
+    resources = {"res": "1000000/month" if extra == "calendar" else rate} if tiers > 2 else {}
+    plan = Plan("b", global_rate=rate, user_rate=rate if tiers > 1 else None,
+                resources=resources, tenant_rate=rate if extra == "tenant" else None,
+                concurrent=1000000 if extra == "lease" else None)  # fmt: skip
+    policy = Policy(KeyBuilder("rs"), algorithm)
+    route = build_route(policy, plan, method="GET", spec=LimitSpec(None, "res", 1),
+                        resource="res", cost=1, tenant=extra == "tenant")  # fmt: skip
+    calls = []
+    for i in range(1000):
+        tags = (f"ip=10.0.{i // 250}.{i % 250}", f"id=u{i}", f"id=u{i}", f"t=t{i % 10}")
+        keys = route.keys(*tags)
+        calls.append((route.calls, keys))
+    return calls
+
+
+def _counted_decisions(name: str, calls: int) -> int:
+    """Instructions of a fresh redis-server under callgrind answering ``calls``
+    decisions of ``name`` through ``RedisStorage.decide_flat`` (its loading included;
+    "floor": ``compare.FLOOR_SCRIPT`` on the same three keys)."""
+    every = decision_calls("tb-3" if name == "floor" else name)
+
+    def run(client: redis.Redis) -> None:
+        floor = client.register_script(FLOOR_SCRIPT)
+        storage = RedisStorage(client)
+        for i in range(calls):
+            checks, keys = every[i % len(every)]
+            if name == "floor":
+                floor(keys=keys[1:], args=[1, 5])
+                continue
+            reply = storage.decide_flat(checks, keys)
+            if reply[1] != 1:
+                raise RuntimeError(f"{name}: a decision was denied: {list(reply)}")
+        storage.close()
+
+    return _under_callgrind(run)
+
+
+def decision_instructions(names: list[str], calls: int = 2000) -> dict[str, float]:
+    """redis-server instructions per decision of each case (see the module doc)."""
+    return {
+        name: (_counted_decisions(name, 200 + calls) - _counted_decisions(name, 200)) / calls
+        for name in names
+    }
 
 
 def _call(script: Any, name: str, keys: list[str], args: list[Any]) -> None:
@@ -116,6 +183,19 @@ def round_trip(url: str) -> dict[str, tuple[float, float]]:
 def _counted(source: str, name: str, calls: int) -> int:
     """Instructions a fresh redis-server under callgrind runs, from start to
     shutdown, answering ``calls`` calls of ``source``."""
+    every = _calls()
+
+    def run(client: redis.Redis) -> None:
+        script = client.register_script(source)
+        for i in range(calls):
+            _call(script, name, *every[i % len(every)])
+
+    return _under_callgrind(run)
+
+
+def _under_callgrind(run: Callable[[redis.Redis], None]) -> int:
+    """Instructions a fresh redis-server under callgrind runs, from start to
+    shutdown, while ``run`` uses it."""
     port = free_port()
     binary = shutil.which("redis-server") or "redis-server"
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,10 +208,7 @@ def _counted(source: str, name: str, calls: int) -> int:
         try:
             wait_for_port(port, timeout=60)
             client = redis.Redis(port=port, socket_timeout=60)
-            script = client.register_script(source)
-            every = _calls()
-            for i in range(calls):
-                _call(script, name, *every[i % len(every)])
+            run(client)
             with contextlib.suppress(redis.ConnectionError):  # it closes as it goes
                 client.shutdown(nosave=True)
             _, err = proc.communicate(timeout=120)
@@ -152,6 +229,11 @@ def script_instructions(calls: int = 2000) -> dict[str, float]:
 
 
 def main() -> None:
+    if "--decisions" in sys.argv[1:]:
+        names = [a for a in sys.argv[1:] if not a.startswith("--")] or ["floor", *DECISIONS]
+        for name, count in decision_instructions(names).items():
+            print(f"{name}: {count:,.0f} instructions per decision in redis-server", flush=True)
+        return
     if "--instructions" in sys.argv[1:]:
         for name, count in script_instructions().items():
             print(f"{name}: {count:,.0f} instructions per call in redis-server")

@@ -59,7 +59,7 @@ def _script(*parts: str) -> str:
     )
 
 
-SCRIPT = _script(*_PARTS)
+SCRIPT = _script(*_PARTS, "decide_eval.lua")
 # Undo a charge (charge_when, Cluster) or give a lease back.
 REFUND_SCRIPT = _script("common.lua", "lease.lua", "refund.lua")
 CHARGE_SCRIPT = _script("common.lua", "charge.lua")  # charge past the limit (quota.charge)
