@@ -18,8 +18,11 @@ Not part of a run. On a redis-server of its own:
 * with ``--decisions``, instead: the same count for whole decisions made through
   the public API (``RedisStorage.decide_flat``, whatever command it sends: an
   ``FCALL`` or an ``EVALSHA``), for each algorithm with 1, 2 and 3 tiers and for
-  three tiers plus a tenant tier, a concurrency lease or a calendar window
-  (``DECISIONS``); ``--decisions tb-3 floor`` counts some of them.
+  three tiers plus a tenant tier, a concurrency lease or a calendar window, and
+  three tiers of callers seen for the first time (``DECISIONS``); 1,000 decisions
+  counted after 1,000 that leave every caller's state in place (counted with
+  1,000 and with 2,000 calls, the difference over 1,000);
+  ``--decisions tb-3 floor`` counts some of them.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -81,15 +84,19 @@ def _calls() -> list[tuple[list[str], list[Any]]]:
 
 RATE = "1000000/hour"
 LOG_RATE = "1000/hour"  # the most a sliding log may hold (a larger one is run as a counter)
-# name -> (algorithm, tiers, extra): extra is "tenant", "lease" or "calendar" (the
-# endpoint tier a "1000000/month" window), or "" for none.
+# name -> (algorithm, tiers, extra): extra is "tenant", "lease", "calendar" (the
+# endpoint tier a "1000000/month" window), "fresh" (no state yet: every call a new
+# caller) or "" for none.
 DECISIONS: dict[str, tuple[Algorithm, int, str]] = {
     f"{a.code}-{n}": (a, n, "") for a in Algorithm for n in (1, 2, 3)
 } | {
     "tb-3+tenant": (Algorithm.TOKEN_BUCKET, 3, "tenant"),
     "tb-3+lease": (Algorithm.TOKEN_BUCKET, 3, "lease"),
     "tb-3+calendar": (Algorithm.TOKEN_BUCKET, 3, "calendar"),
+    "tb-3+fresh": (Algorithm.TOKEN_BUCKET, 3, "fresh"),
 }
+CALLERS = 1000  # a case's callers, in turn; "fresh" has a new caller at every call
+WARM = 1000  # decisions before the count: every caller's state exists
 
 
 def decision_calls(name: str) -> list[tuple[Any, list[str]]]:
@@ -104,10 +111,9 @@ def decision_calls(name: str) -> list[tuple[Any, list[str]]]:
     route = build_route(policy, plan, method="GET", spec=LimitSpec(None, "res", 1),
                         resource="res", cost=1, tenant=extra == "tenant")  # fmt: skip
     calls = []
-    for i in range(1000):
-        tags = (f"ip=10.0.{i // 250}.{i % 250}", f"id=u{i}", f"id=u{i}", f"t=t{i % 10}")
-        keys = route.keys(*tags)
-        calls.append((route.calls, keys))
+    for i in range(CALLERS if extra != "fresh" else 10 * CALLERS):
+        ip = f"ip=10.{i // 62500}.{i // 250 % 250}.{i % 250}"
+        calls.append((route.calls, route.keys(ip, f"id=u{i}", f"id=u{i}", f"t=t{i % 10}")))
     return calls
 
 
@@ -133,12 +139,12 @@ def _counted_decisions(name: str, calls: int) -> int:
     return _under_callgrind(run)
 
 
-def decision_instructions(names: list[str], calls: int = 2000) -> dict[str, float]:
-    """redis-server instructions per decision of each case (see the module doc)."""
-    return {
-        name: (_counted_decisions(name, 200 + calls) - _counted_decisions(name, 200)) / calls
-        for name in names
-    }
+def decision_instructions(names: list[str], calls: int = 1000) -> Iterator[tuple[str, float]]:
+    """redis-server instructions per decision of each case (see the module doc), as
+    each is counted: ``calls`` decisions after ``WARM``."""
+    for name in names:
+        total = _counted_decisions(name, WARM + calls) - _counted_decisions(name, WARM)
+        yield name, total / calls
 
 
 def _call(script: Any, name: str, keys: list[str], args: list[Any]) -> None:
@@ -231,7 +237,7 @@ def script_instructions(calls: int = 2000) -> dict[str, float]:
 def main() -> None:
     if "--decisions" in sys.argv[1:]:
         names = [a for a in sys.argv[1:] if not a.startswith("--")] or ["floor", *DECISIONS]
-        for name, count in decision_instructions(names).items():
+        for name, count in decision_instructions(names):
             print(f"{name}: {count:,.0f} instructions per decision in redis-server", flush=True)
         return
     if "--instructions" in sys.argv[1:]:

@@ -97,3 +97,50 @@ def test_a_key_of_another_type_fails_and_is_left_alone(
         getattr(storage, mode)(checks)
     assert redis_client.lrange(checks[2].key, 0, -1) == [b"x"]
     assert sorted(redis_client.keys("*")) == [checks[2].key.encode()]
+
+
+def test_a_decision_is_one_fcall_and_survives_a_function_flush(
+    redis_client: redis.Redis,
+) -> None:
+    """Where the server has functions, a decision is an FCALL of the library loaded
+    once; a server that lost it (a restart, FUNCTION FLUSH) gets it again, and the
+    decision is answered as before."""
+    storage = RedisStorage(redis_client, clock=FrozenClock())
+    checks = request_checks(Algorithm.TOKEN_BUCKET)
+    storage.decide(checks)
+    redis_client.config_resetstat()
+    assert storage.decide(checks).outcomes[1].remaining == 98
+    assert calls(redis_client).keys() & {"fcall", "evalsha", "function|load"} == {"fcall"}
+    redis_client.function_flush()
+    redis_client.config_resetstat()
+    assert storage.decide(checks).outcomes[1].remaining == 97
+    used = calls(redis_client)
+    assert (used.get("fcall"), used.get("function|load"), used.get("evalsha")) == (2, 1, None)
+    redis_client.config_resetstat()
+    storage.decide(checks)
+    assert calls(redis_client).get("fcall") == 1 and "function|load" not in calls(redis_client)
+
+
+def test_a_server_that_refuses_functions_runs_the_script(redis_client: redis.Redis) -> None:
+    """An ACL without FUNCTION and FCALL (as a Redis 6 or a proxy without them): the
+    storage falls back to EVALSHA, once, and decides the same."""
+    redis_client.function_flush()  # FLUSHALL keeps functions: none from other tests
+    redis_client.acl_setuser(
+        "nofunctions", enabled=True, nopass=True, keys=["*"], channels=["*"],
+        categories=["+@all"], commands=["-function", "-fcall", "-fcall_ro"],
+    )  # fmt: skip
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    limited = redis.Redis(port=port, username="nofunctions")
+    try:
+        storage = RedisStorage(limited, clock=FrozenClock())
+        checks = request_checks(Algorithm.TOKEN_BUCKET)
+        assert storage.decide(checks).outcomes[1].remaining == 99  # FCALL refused, EVALSHA
+        redis_client.config_resetstat()
+        assert storage.decide(checks).outcomes[1].remaining == 98
+        used = calls(redis_client)
+        assert used.get("evalsha") == 1 and "fcall" not in used  # not asked again
+        assert redis_client.function_list() == []
+        storage.close()
+    finally:
+        limited.close()
+        redis_client.acl_deluser("nofunctions")
