@@ -84,19 +84,21 @@ def test_a_decision_that_changes_nothing_writes_nothing(
 
 
 @pytest.mark.parametrize("algorithm", STRING_STATES)
-@pytest.mark.parametrize("mode", ["decide", "peek"])
 def test_a_key_of_another_type_fails_and_is_left_alone(
-    redis_client: redis.Redis, algorithm: Algorithm, mode: str
+    redis_client: redis.Redis, algorithm: Algorithm
 ) -> None:
-    """MGET reads a list as nil, like a missing key; the call still fails as a GET did,
-    and nothing is written over the foreign key or the request's other keys."""
+    """MGET reads a list as nil, like a missing key; the decision still fails as a GET
+    did, and nothing is written over the foreign key or the request's other keys."""
     storage = RedisStorage(redis_client, clock=FrozenClock())
     checks = request_checks(algorithm)
+    storage.decide([checks[3]])  # a state that exists: written without NX
     redis_client.rpush(checks[2].key, "x")
+    before = redis_client.get(checks[3].key)
     with pytest.raises(StorageError, match="WRONGTYPE"):
-        getattr(storage, mode)(checks)
+        storage.decide(checks)
     assert redis_client.lrange(checks[2].key, 0, -1) == [b"x"]
-    assert sorted(redis_client.keys("*")) == [checks[2].key.encode()]
+    assert redis_client.get(checks[3].key) == before
+    assert sorted(redis_client.keys("*")) == sorted(c.key.encode() for c in checks[2:])
 
 
 def test_a_decision_is_one_fcall_and_survives_a_function_flush(

@@ -33,8 +33,8 @@ local function decide(KEYS, ARGV)
   -- instructions. The nils only reserve slots; Redis ends the reply at the first nil.
   local reply, n = {now, 1, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
                     nil, nil, nil}, 2
-  local writes, w = {nil, nil, nil, nil, nil, nil, nil, nil, nil}, 0 -- key, state, ttl of each
-                                                                    -- check that allowed
+  -- key, state, ttl and "read as absent" of each check that allowed
+  local writes, w = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}, 0
   local names, at, m = {nil, nil, nil, nil}, {nil, nil, nil, nil}, 0 -- MGET's keys; KEYS[i]'s
   for i, key in ipairs(KEYS) do                                     -- place among them
     if not OWN_READS[ARGV[3 + 5 * (i - 1)]] then
@@ -44,7 +44,6 @@ local function decide(KEYS, ARGV)
   end
   local values = {}
   if m > 0 then values = redis.call('MGET', unpack(names, 1, m)) end
-  local absent, k = nil, 0 -- the tiers' keys MGET found no string at
 
   for i, key in ipairs(KEYS) do
     local a = 3 + 5 * (i - 1)
@@ -53,11 +52,6 @@ local function decide(KEYS, ARGV)
     if shadow then code = string.sub(code, 2) end
     local raw = nil -- nil: not read here; false: read, absent
     if at[i] then raw = values[at[i]] end
-    if raw == false and code ~= 'blk' then
-      if k == 0 then absent = {} end
-      k = k + 1
-      absent[k] = key
-    end
     local allowed, remaining, reset, retry, state, ttl
     if code == 'blk' then -- the gate has no rate: its arguments are not parsed
       allowed, remaining, reset, retry = block_gate(key, raw, now)
@@ -83,23 +77,32 @@ local function decide(KEYS, ARGV)
     -- state equal to the stored one keeps its key (and its expiry, which the state
     -- fixes), and an empty state of an absent key has nothing to delete.
     elseif state and state ~= raw and not (raw == false and ttl <= 0) then
-      writes[w + 1], writes[w + 2], writes[w + 3] = key, state, ttl
-      w = w + 3
+      writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = key, state, ttl, raw == false
+      w = w + 4
     end
     reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = allowed, remaining, reset, retry
     n = n + 4
   end
 
-  -- MGET answers nil for a key of another type as for a missing one. Such a key fails
-  -- the call, as the GET it replaces did, before anything is written: never overwritten.
-  if k > 0 and redis.call('EXISTS', unpack(absent, 1, k)) > 0 then
-    return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
-  end
-
   if reply[2] == 1 and ARGV[1] == 'decide' then
-    for j = 1, w, 3 do
-      local state = writes[j + 1]
-      if type(state) == 'function' then state() else put(writes[j], state, writes[j + 2]) end
+    -- MGET answers nil for a key of another type as for a missing one, so a state read
+    -- as absent is written first, with NX: a key that refuses it holds something else,
+    -- and the call fails (as the GET it replaces did) with nothing written: the states
+    -- written before it were absent, so deleting them undoes them. Never overwritten.
+    for j = 1, w, 4 do
+      if writes[j + 3] and not redis.call('SET', writes[j], writes[j + 1], 'PX',
+                                          math.ceil(writes[j + 2] / 1000), 'NX') then
+        for u = 1, j - 1, 4 do
+          if writes[u + 3] then redis.call('DEL', writes[u]) end
+        end
+        return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+      end
+    end
+    for j = 1, w, 4 do
+      if not writes[j + 3] then
+        local state = writes[j + 1]
+        if type(state) == 'function' then state() else put(writes[j], state, writes[j + 2]) end
+      end
     end
   end
 
