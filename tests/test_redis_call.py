@@ -181,9 +181,7 @@ def test_the_wire_carries_what_redis_py_would_send(redis_server: RedisServer) ->
         args = decide_args(checks, "peek", 123)  # the reference encoding, shadow mark included
         conn = redis.Connection()
         theirs = b"".join(
-            conn.pack_command(
-                "FCALL", FUNCTION, len(checks), *[c.key for c in checks], *args
-            )
+            conn.pack_command("FCALL", FUNCTION, len(checks), *[c.key for c in checks], *args)
         )
         assert ours == theirs
     finally:
