@@ -14,7 +14,16 @@ Not part of a run. On a redis-server of its own:
   each variant, counted by callgrind (a server of its own per count, run with
   200 and with 2,200 calls; the difference over 2,000). Unlike a time, the count
   repeats exactly from run to run on a noisy machine, so it shows what a change
-  to the script saves. It includes reading the call and writing its reply.
+  to the script saves. It counts reading and running the call and writing its
+  reply, not the server's timer (``COLLECT``);
+* with ``--decisions``, instead: the same count for whole decisions made through
+  the public API (``RedisStorage.decide_flat``, whatever command it sends: an
+  ``FCALL`` or an ``EVALSHA``), for each algorithm with 1, 2 and 3 tiers and for
+  three tiers plus a tenant tier, a concurrency lease or a calendar window, and
+  three tiers of callers seen for the first time (``DECISIONS``); 1,000 decisions
+  counted after 1,000 that leave every caller's state in place (counted with
+  1,000 and with 2,000 calls, the difference over 1,000);
+  ``--decisions tb-3 floor`` counts some of them.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -37,7 +46,7 @@ from flask_quota.core.keys import KeyBuilder
 from flask_quota.core.plans import Plan
 from flask_quota.core.policy import LimitSpec, Policy
 from flask_quota.core.route import build_route
-from flask_quota.storage.redis import SCRIPT, decide_args
+from flask_quota.storage.redis import SCRIPT, RedisStorage, decide_args
 
 from .compare import FLOOR_SCRIPT
 from .env import free_port, redis_server, wait_for_port
@@ -72,6 +81,71 @@ def _calls() -> list[tuple[list[str], list[Any]]]:
         checks = route.checks(route.keys(f"ip=10.0.{i // 250}.{i % 250}", f"id=u{i}", f"id=u{i}"))
         calls.append(([c.key for c in checks], decide_args(checks, "decide", "")))
     return calls
+
+
+RATE = "1000000/hour"
+LOG_RATE = "1000/hour"  # the most a sliding log may hold (a larger one is run as a counter)
+# name -> (algorithm, tiers, extra): extra is "tenant", "lease", "calendar" (the
+# endpoint tier a "1000000/month" window), "fresh" (no state yet: every call a new
+# caller) or "" for none.
+DECISIONS: dict[str, tuple[Algorithm, int, str]] = {
+    f"{a.code}-{n}": (a, n, "") for a in Algorithm for n in (1, 2, 3)
+} | {
+    "tb-3+tenant": (Algorithm.TOKEN_BUCKET, 3, "tenant"),
+    "tb-3+lease": (Algorithm.TOKEN_BUCKET, 3, "lease"),
+    "tb-3+calendar": (Algorithm.TOKEN_BUCKET, 3, "calendar"),
+    "tb-3+fresh": (Algorithm.TOKEN_BUCKET, 3, "fresh"),
+}
+CALLERS = 1000  # a case's callers, in turn; "fresh" has a new caller at every call
+WARM = 1000  # decisions before the count: every caller's state exists
+
+
+def decision_calls(name: str) -> list[tuple[Any, list[str]]]:
+    """(checks, keys) of 1,000 callers' decisions of the case ``name`` (``DECISIONS``)."""
+    algorithm, tiers, extra = DECISIONS[name]
+    rate = LOG_RATE if algorithm is Algorithm.SLIDING_WINDOW_LOG else RATE
+    resources = {"res": "1000000/month" if extra == "calendar" else rate} if tiers > 2 else {}
+    plan = Plan("b", global_rate=rate, user_rate=rate if tiers > 1 else None,
+                resources=resources, tenant_rate=rate if extra == "tenant" else None,
+                concurrent=1000000 if extra == "lease" else None)  # fmt: skip
+    policy = Policy(KeyBuilder("rs"), algorithm)
+    route = build_route(policy, plan, method="GET", spec=LimitSpec(None, "res", 1),
+                        resource="res", cost=1, tenant=extra == "tenant")  # fmt: skip
+    calls = []
+    for i in range(CALLERS if extra != "fresh" else 10 * CALLERS):
+        ip = f"ip=10.{i // 62500}.{i // 250 % 250}.{i % 250}"
+        calls.append((route.calls, route.keys(ip, f"id=u{i}", f"id=u{i}", f"t=t{i % 10}")))
+    return calls
+
+
+def _counted_decisions(name: str, calls: int) -> int:
+    """Instructions of a fresh redis-server under callgrind answering ``calls``
+    decisions of ``name`` through ``RedisStorage.decide_flat`` (its loading included;
+    "floor": ``compare.FLOOR_SCRIPT`` on the same three keys)."""
+    every = decision_calls("tb-3" if name == "floor" else name)
+
+    def run(client: redis.Redis) -> None:
+        floor = client.register_script(FLOOR_SCRIPT)
+        storage = RedisStorage(client)
+        for i in range(calls):
+            checks, keys = every[i % len(every)]
+            if name == "floor":
+                floor(keys=keys[1:], args=[1, 5])
+                continue
+            reply = storage.decide_flat(checks, keys)
+            if reply[1] != 1:
+                raise RuntimeError(f"{name}: a decision was denied: {list(reply)}")
+        storage.close()
+
+    return _under_callgrind(run)
+
+
+def decision_instructions(names: list[str], calls: int = 1000) -> Iterator[tuple[str, float]]:
+    """redis-server instructions per decision of each case (see the module doc), as
+    each is counted: ``calls`` decisions after ``WARM``."""
+    for name in names:
+        total = _counted_decisions(name, WARM + calls) - _counted_decisions(name, WARM)
+        yield name, total / calls
 
 
 def _call(script: Any, name: str, keys: list[str], args: list[Any]) -> None:
@@ -116,22 +190,39 @@ def round_trip(url: str) -> dict[str, tuple[float, float]]:
 def _counted(source: str, name: str, calls: int) -> int:
     """Instructions a fresh redis-server under callgrind runs, from start to
     shutdown, answering ``calls`` calls of ``source``."""
+    every = _calls()
+
+    def run(client: redis.Redis) -> None:
+        script = client.register_script(source)
+        for i in range(calls):
+            _call(script, name, *every[i % len(every)])
+
+    return _under_callgrind(run)
+
+
+# Only what a call costs: reading and running it (readQueryFromClient) and writing its
+# reply (writeToClient). The server's timer (serverCron) is left out: it runs per
+# tick of the wall clock, so a slower client would make the server look busier.
+COLLECT = ("--collect-atstart=no", "--toggle-collect=readQueryFromClient",
+           "--toggle-collect=writeToClient")  # fmt: skip
+
+
+def _under_callgrind(run: Callable[[redis.Redis], None]) -> int:
+    """Instructions a fresh redis-server under callgrind runs, from start to
+    shutdown, while ``run`` uses it."""
     port = free_port()
     binary = shutil.which("redis-server") or "redis-server"
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "callgrind.out")
         proc = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary,
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *COLLECT, binary,
              "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
         try:
             wait_for_port(port, timeout=60)
             client = redis.Redis(port=port, socket_timeout=60)
-            script = client.register_script(source)
-            every = _calls()
-            for i in range(calls):
-                _call(script, name, *every[i % len(every)])
+            run(client)
             with contextlib.suppress(redis.ConnectionError):  # it closes as it goes
                 client.shutdown(nosave=True)
             _, err = proc.communicate(timeout=120)
@@ -152,6 +243,11 @@ def script_instructions(calls: int = 2000) -> dict[str, float]:
 
 
 def main() -> None:
+    if "--decisions" in sys.argv[1:]:
+        names = [a for a in sys.argv[1:] if not a.startswith("--")] or ["floor", *DECISIONS]
+        for name, count in decision_instructions(names):
+            print(f"{name}: {count:,.0f} instructions per decision in redis-server", flush=True)
+        return
     if "--instructions" in sys.argv[1:]:
         for name, count in script_instructions().items():
             print(f"{name}: {count:,.0f} instructions per call in redis-server")

@@ -47,7 +47,7 @@ def flushed(cluster: Cluster) -> Cluster:
     return cluster
 
 
-def master_calls(cluster: Cluster, command: str = "evalsha") -> int:
+def master_calls(cluster: Cluster, command: str = "fcall") -> int:
     """How often every live master has run ``command`` so far."""
     total = 0
     for node in cluster.nodes:
@@ -124,8 +124,8 @@ def test_hostile_identities_land_where_their_escaped_tag_says(flushed: Cluster, 
 
 
 def test_each_slot_costs_one_script_call(flushed: Cluster, app: Flask) -> None:
-    """An identified caller's tiers span two slots: two EVALSHA, sent together; an
-    anonymous caller's tiers share one slot: one EVALSHA."""
+    """An identified caller's tiers span two slots: two FCALLs, sent together; an
+    anonymous caller's tiers share one slot: one FCALL."""
     client = cluster_app(app, flushed).test_client()
     client.get("/work", headers={"X-Client": "warm"})  # slot map and scripts loaded
     assert len(slot_groups(_checks_for(app, "alice"))) == 2
@@ -137,6 +137,29 @@ def test_each_slot_costs_one_script_call(flushed: Cluster, app: Flask) -> None:
     before = master_calls(flushed)
     assert client.get("/work").status_code == 200
     assert master_calls(flushed) - before == 1
+
+
+def test_every_master_gets_the_library_again_after_a_function_flush(
+    flushed: Cluster, app: Flask
+) -> None:
+    """A decision is an FCALL on each slot's master; masters that lost the library
+    (FUNCTION FLUSH, a restart) are loaded again and the request is decided."""
+    client = cluster_app(app, flushed).test_client()
+    assert client.get("/work", headers={"X-Client": "bob"}).status_code == 200
+    scripts, loads = master_calls(flushed, "evalsha"), master_calls(flushed, "function|load")
+    admin = flushed.client()
+    try:
+        admin.function_flush()  # the cluster client sends it to every node
+    finally:
+        admin.close()
+    assert client.get("/work", headers={"X-Client": "bob"}).status_code == 200
+    assert master_calls(flushed, "function|load") - loads >= 3  # every primary, at once
+    before = master_calls(flushed)
+    assert client.get("/work", headers={"X-Client": "bob"}).status_code == 200
+    assert master_calls(flushed) - before == 2  # two slots, an FCALL each, as before
+    assert master_calls(flushed, "evalsha") == scripts  # never the script instead
+    remaining = client.get("/work", headers={"X-Client": "bob"}).headers["X-RateLimit-Remaining"]
+    assert remaining == "1"  # every one of the four was counted, none twice
 
 
 def test_slots_are_asked_together(flushed: Cluster) -> None:

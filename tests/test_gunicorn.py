@@ -89,7 +89,7 @@ def evalsha_connections(server: RedisServer) -> int:
     """How many connections to ``server`` ran the decision script last: one per worker."""
     client = server.client()
     try:
-        return sum(1 for c in client.client_list() if c["cmd"] in ("evalsha", "eval"))
+        return sum(1 for c in client.client_list() if c["cmd"] in ("fcall", "evalsha", "eval"))
     finally:
         client.close()
 

@@ -1,4 +1,4 @@
-"""The Redis backend against a real redis-server: one EVALSHA, server clock, TTLs."""
+"""The Redis backend against a real redis-server: one call (FCALL or EVALSHA), TTLs."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_reloads_the_script_after_script_flush(
     assert storage.decide([check]).outcomes[0].remaining == 3
     before = CountingConnection.sent
     storage.decide([check])
-    assert CountingConnection.sent - before == 1  # back to a single EVALSHA
+    assert CountingConnection.sent - before == 1  # back to a single call
 
 
 def test_three_tiers_cost_one_round_trip(redis_server: RedisServer, tmp_path: Any) -> None:

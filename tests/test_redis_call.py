@@ -15,7 +15,7 @@ import redis
 from flask_quota.core.algorithms import Algorithm
 from flask_quota.core.rates import parse_rate
 from flask_quota.storage import Check, StorageError
-from flask_quota.storage.redis import RedisStorage, decide_args
+from flask_quota.storage.redis import FUNCTION, RedisStorage, decide_args
 from flask_quota.testing import FrozenClock
 from tests.servers import RedisServer
 
@@ -169,7 +169,7 @@ def test_close_disconnects_idle_connections(own_redis: RedisServer) -> None:
 
 
 def test_the_wire_carries_what_redis_py_would_send(redis_server: RedisServer) -> None:
-    """The hand-packed EVALSHA is byte for byte redis-py's packing of the same call."""
+    """The hand-packed FCALL is byte for byte redis-py's packing of the same call."""
     storage = RedisStorage(redis.Redis(port=redis_server.port))
     try:
         checks = [
@@ -181,9 +181,7 @@ def test_the_wire_carries_what_redis_py_would_send(redis_server: RedisServer) ->
         args = decide_args(checks, "peek", 123)  # the reference encoding, shadow mark included
         conn = redis.Connection()
         theirs = b"".join(
-            conn.pack_command(
-                "EVALSHA", storage._script.sha, len(checks), *[c.key for c in checks], *args
-            )
+            conn.pack_command("FCALL", FUNCTION, len(checks), *[c.key for c in checks], *args)
         )
         assert ours == theirs
     finally:

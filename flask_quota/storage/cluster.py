@@ -43,10 +43,14 @@ from .base import (
 )
 from .redis import (
     CHARGE_SCRIPT,
+    FUNCTION,
+    LIBRARY,
     REFUND_SCRIPT,
     SCRIPT,
     charge_args,
     decide_args,
+    function_missing,
+    functions_refused,
     read_blocks,
     refund_args,
 )
@@ -81,6 +85,9 @@ class ClusterStorage:
         self._client: RedisCluster | None = None
         self._scripts: tuple[Script, Script, Script] | None = None  # decide, refund, charge
         self._stale = False  # a node failed: refresh the slot map before the next call
+        # A decision is an FCALL (see RedisStorage) until a node refuses functions; then
+        # EVALSHA on every node: one way of loading the code for the whole cluster.
+        self._functions = True
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float, clock: Clock | None = None) -> ClusterStorage:
@@ -211,7 +218,8 @@ class ClusterStorage:
             part = [checks[i] for i in group]
             calls.append(([c.key for c in part], decide_args(part, mode, now_arg)))
         results: list[Any] = []
-        for group, reply in zip(groups, self._together(client, decide, calls), strict=True):
+        replies = self._together(client, decide, calls, function=True)
+        for group, reply in zip(groups, replies, strict=True):
             if isinstance(reply, BaseException):
                 results.append(reply)
             else:
@@ -256,9 +264,16 @@ class ClusterStorage:
             )  # fmt: skip
 
     def _together(
-        self, client: RedisCluster, script: Script, calls: list[tuple[list[str], list[Any]]]
+        self,
+        client: RedisCluster,
+        script: Script,
+        calls: list[tuple[list[str], list[Any]]],
+        *,
+        function: bool = False,
     ) -> list[Any]:
         """Run ``script`` once per call, every call in flight at once; replies or errors.
+        ``function``: ``script`` is the decide script, sent as an ``FCALL`` of
+        ``FUNCTION`` while the cluster runs functions.
 
         Each call is written to the connection of its slot's master before any reply
         is read, as redis-py's cluster pipeline does, so N slots cost one round trip
@@ -272,6 +287,8 @@ class ClusterStorage:
                 return [exc for _ in calls]
             self._stale = False
         cluster: Any = client  # the per-node calls below are untyped in redis-py
+        fcall = function and self._functions
+        command, name = ("FCALL", FUNCTION) if fcall else ("EVALSHA", script.sha)
         sent: list[tuple[Any, Any] | None] = []  # (node's Redis, its Connection)
         replies: list[Any] = [None] * len(calls)
         try:
@@ -281,7 +298,7 @@ class ClusterStorage:
                 try:
                     node = cluster.get_redis_connection(cluster.get_node_from_key(keys[0]))
                     connection = checkout(node.connection_pool)
-                    connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                    connection.send_command(command, name, len(keys), *keys, *args)
                 except REDIS_ERRORS as exc:
                     replies[n] = exc
                     if node is not None and connection is not None:
@@ -295,7 +312,7 @@ class ClusterStorage:
                     continue
                 node, connection = pair
                 try:
-                    replies[n] = node.parse_response(connection, "EVALSHA")
+                    replies[n] = node.parse_response(connection, command)
                 except redis.ResponseError as exc:
                     replies[n] = exc  # an error reply: the connection is still in step
                 except REDIS_ERRORS as exc:
@@ -306,7 +323,9 @@ class ClusterStorage:
                 if pair is not None:
                     pair[0].connection_pool.release(pair[1])
         for n, reply in enumerate(replies):
-            if isinstance(reply, _NOT_RUN):
+            if fcall and isinstance(reply, (*_NOT_RUN, redis.ResponseError)):
+                replies[n] = self._fcall_again(cluster, script, reply, *calls[n])
+            elif isinstance(reply, _NOT_RUN):
                 # The script did not run (unknown to a new master, or the slot moved):
                 # the cluster client reloads it and follows redirects.
                 keys, args = calls[n]
@@ -317,6 +336,36 @@ class ClusterStorage:
             elif isinstance(reply, (redis.ConnectionError, redis.TimeoutError, OSError)):
                 self._stale = True
         return replies
+
+    def _fcall_again(
+        self,
+        cluster: Any,
+        script: Script,
+        error: redis.ResponseError,
+        keys: list[str],
+        args: list[Any],
+    ) -> Any:
+        """The reply of an FCALL that did not run, or ``error`` if it ran and failed. A
+        node without the library gets it on every primary; a node that refuses
+        functions turns the whole cluster to the script. Sent again through the
+        cluster client, which follows redirects (a slot that moved)."""
+        if isinstance(error, _NOT_RUN):
+            pass  # moved, or the slot is migrating: run it where it is now
+        elif function_missing(error):
+            try:
+                cluster.function_load(LIBRARY, replace=True)  # every primary
+            except redis.ResponseError:
+                self._functions = False
+        elif functions_refused(error):
+            self._functions = False
+        else:
+            return error  # the function's own error reply
+        try:
+            if not self._functions:
+                return script(keys=keys, args=args)
+            return cluster.fcall(FUNCTION, len(keys), *keys, *args)
+        except REDIS_ERRORS as exc:
+            return exc
 
     def usage_sink(self, prefix: str) -> UsageSink:
         """Dashboard usage in the cluster, shared by every worker; connects on first use."""

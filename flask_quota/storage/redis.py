@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Sequence
@@ -30,12 +31,16 @@ from .usage import UsageSink
 
 __all__ = [
     "CHARGE_SCRIPT",
+    "FUNCTION",
+    "LIBRARY",
     "REFUND_SCRIPT",
     "SCRIPT",
     "SHADOW_MARK",
     "RedisStorage",
     "check_args",
     "decide_args",
+    "function_missing",
+    "functions_refused",
     "read_blocks",
 ]
 
@@ -59,7 +64,25 @@ def _script(*parts: str) -> str:
     )
 
 
-SCRIPT = _script(*_PARTS)
+SCRIPT = _script(*_PARTS, "decide_eval.lua")
+
+
+def _library(body: str) -> tuple[str, str]:
+    """The decide code as a Redis 7 function library, and its function's name. Both
+    names carry a hash of the code, so two releases' libraries live side by side in
+    one server during a rolling deploy, each calling its own code."""
+    version = hashlib.sha1(body.encode()).hexdigest()[:16]
+    function = f"flask_quota_decide_{version}"
+    # The helpers are defined once, when the library loads; FCALL runs only `decide`.
+    library = (
+        f"#!lua name=flask_quota_{version}\n{body}\n"
+        f"redis.register_function('{function}',\n"
+        "  function(keys, args) return decide(keys, args) end)\n"
+    )
+    return library, function
+
+
+LIBRARY, FUNCTION = _library(_script(*_PARTS))
 # Undo a charge (charge_when, Cluster) or give a lease back.
 REFUND_SCRIPT = _script("common.lua", "lease.lua", "refund.lua")
 CHARGE_SCRIPT = _script("common.lua", "charge.lua")  # charge past the limit (quota.charge)
@@ -170,7 +193,9 @@ class RedisStorage:
         self._script = client.register_script(SCRIPT)
         self._refund = client.register_script(REFUND_SCRIPT)
         self._charge = client.register_script(CHARGE_SCRIPT)
-        self._decide = _ScriptCall(client.connection_pool, self._script.sha, SCRIPT)
+        self._decide = _ScriptCall(
+            client.connection_pool, self._script.sha, SCRIPT, function=(FUNCTION, LIBRARY)
+        )
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float, clock: Clock | None = None) -> RedisStorage:
@@ -272,19 +297,39 @@ class _ScriptCall:
     and a ``NOSCRIPT`` reply (Redis restarted or flushed its scripts) loads the
     script and sends the call once more.
 
+    Given ``function`` (its name and library), the call is an ``FCALL`` instead: a
+    function's library is loaded once, so its helpers are not defined again on every
+    call as a script's are. A server without the function (a restart, ``FUNCTION
+    FLUSH``) gets the library and the call again; a server that has no functions or
+    refuses them (Redis 6, an ACL, a proxy) is sent ``EVALSHA`` from then on: one
+    way of loading the code per server (see ``_recover``).
+
     Idle connections wait on a stack shared by every thread: ``list.pop`` and
     ``list.append`` are atomic, so no lock; a server that starts a thread per
     request reuses them rather than opening one per thread. A forked child
     starts with an empty stack: its parent's sockets are not its own.
     """
 
-    def __init__(self, pool: redis.ConnectionPool, sha: str, script: str) -> None:
+    def __init__(
+        self,
+        pool: redis.ConnectionPool,
+        sha: str,
+        script: str,
+        *,
+        function: tuple[str, str] | None = None,
+    ) -> None:
         self._pool = pool
         self._script = script
         self._idle: list[Any] = []
         self._spare: list[Any] = []  # disconnected after a failure, to connect afresh
         self._pid = os.getpid()
-        self._head = b"%b%b" % (_bulk(b"EVALSHA"), _bulk(sha.encode()))
+        self._script_head = b"%b%b" % (_bulk(b"EVALSHA"), _bulk(sha.encode()))
+        self._head = self._script_head
+        self._library: str | None = None
+        if function is not None:
+            self._head = b"%b%b" % (_bulk(b"FCALL"), _bulk(function[0].encode()))
+            self._library = function[1]
+        self._function_head = self._head
         self._modes = {mode: _bulk(mode.encode()) for mode in ("decide", "peek")}
         # (id(rate), id(algorithm), cost, shadow) -> (rate, algorithm, the check's five
         # encoded arguments). Ids, because hashing a Rate or an enum runs Python code; the
@@ -372,11 +417,8 @@ class _ScriptCall:
         try:
             try:
                 reply = conn.read_response()
-            except redis.exceptions.NoScriptError:
-                conn.send_command("SCRIPT", "LOAD", self._script)
-                conn.read_response()
-                conn.send_packed_command((packed,))
-                reply = conn.read_response()
+            except redis.ResponseError as error:
+                reply = self._recover(conn, packed, error)
         except redis.ResponseError:
             self._idle.append(conn)  # the whole reply was read: the connection is clean
             raise
@@ -385,6 +427,41 @@ class _ScriptCall:
             raise
         self._idle.append(conn)
         return reply
+
+    def _recover(self, conn: Any, packed: bytes, error: redis.ResponseError) -> Any:
+        """The reply to ``packed`` once the server has our code, if ``error`` says it
+        lacks it; otherwise ``error`` is raised. Each error is answered once: the call
+        is sent again at most once."""
+        if isinstance(error, redis.exceptions.NoScriptError):
+            conn.send_command("SCRIPT", "LOAD", self._script)
+            conn.read_response()
+        elif self._library is None or not packed.startswith(
+            self._function_head, packed.index(b"\r\n") + 2
+        ):
+            raise error
+        elif function_missing(error) and self._load_library(conn):
+            pass  # a restart or FUNCTION FLUSH: the same FCALL again
+        elif function_missing(error) or functions_refused(error):
+            # No functions here (or not for us): this server runs the script from now
+            # on. Loaded now, so the call below is answered.
+            self._head = self._script_head
+            conn.send_command("SCRIPT", "LOAD", self._script)
+            conn.read_response()
+            start = packed.index(b"\r\n") + 2
+            packed = packed[:start] + self._head + packed[start + len(self._function_head) :]
+        else:
+            raise error
+        conn.send_packed_command((packed,))
+        return conn.read_response()
+
+    def _load_library(self, conn: Any) -> bool:
+        """Load the function library on ``conn``; False if the server refuses it."""
+        conn.send_command("FUNCTION", "LOAD", "REPLACE", self._library)
+        try:
+            conn.read_response()
+        except redis.ResponseError:
+            return False
+        return True
 
     def _send(self, conn: Any, packed: bytes) -> Any:
         """Send ``packed``; return the connection it went out on.
@@ -435,6 +512,19 @@ class _ScriptCall:
         idle, self._idle, self._spare = self._idle, [], []
         for conn in idle:
             conn.disconnect()
+
+
+def function_missing(error: redis.ResponseError) -> bool:
+    """An ``FCALL`` of a function the server does not have (Redis and Valkey say so alike)."""
+    return "function not found" in str(error).lower()
+
+
+def functions_refused(error: redis.ResponseError) -> bool:
+    """An ``FCALL`` the server will not run: unknown (Redis 6, a proxy) or not allowed
+    (an ACL without ``fcall``). Anything else, such as the script's own errors, is not."""
+    if isinstance(error, redis.exceptions.NoPermissionError):
+        return True
+    return "unknown command" in str(error).lower()
 
 
 def _name(key: bytes | str) -> str:

@@ -36,9 +36,10 @@ local function script_now(arg)
   return now
 end
 
--- A fixed window's count ("start:count") if the key holds the window starting at start.
-local function fixed_count(key, start)
-  local raw = redis.call('GET', key)
+-- A fixed window's count if its stored state raw ("start:count"; false when the key
+-- is absent) holds the window starting at start. decide.lua reads every string state
+-- of a request in one MGET and hands each algorithm its raw value.
+local function fixed_count_of(raw, start)
   if raw then
     local s, c = string.match(raw, '^(%d+):(%d+)$')
     if tonumber(s) == start then return tonumber(c) end
@@ -46,10 +47,14 @@ local function fixed_count(key, start)
   return 0
 end
 
--- A sliding counter's previous and current counts ("start:prev:cur") for the window
--- starting at start: the stored current count becomes "previous" one window later.
-local function counter_counts(key, start, window)
-  local raw = redis.call('GET', key)
+local function fixed_count(key, start)
+  return fixed_count_of(redis.call('GET', key), start)
+end
+
+-- A sliding counter's previous and current counts, from its stored state raw
+-- ("start:prev:cur"), for the window starting at start: the stored current count
+-- becomes "previous" one window later.
+local function counter_counts_of(raw, start, window)
   if raw then
     local s, p, c = string.match(raw, '^(%d+):(%d+):(%d+)$')
     s = tonumber(s)
@@ -57,6 +62,10 @@ local function counter_counts(key, start, window)
     if s == start - window then return tonumber(c), 0 end
   end
   return 0, 0
+end
+
+local function counter_counts(key, start, window)
+  return counter_counts_of(redis.call('GET', key), start, window)
 end
 
 -- A calendar window's start and end (flask_quota.core.calendar): of the windows whose

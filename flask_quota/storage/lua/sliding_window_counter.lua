@@ -37,9 +37,10 @@ local function muldiv(a, b, c)
   return whole * b + q, r
 end
 
-local function sliding_window_counter(key, now, limit, window, capacity, cost)
+-- raw: the stored "start:prev:cur" from decide.lua's MGET (false when absent).
+local function sliding_window_counter(raw, now, limit, window, capacity, cost)
   local start = now - now % window
-  local prev, cur = counter_counts(key, start, window)
+  local prev, cur = counter_counts_of(raw, start, window)
   -- The previous window's count, weighted by what is left of it, rounded up.
   local weighted, rest = muldiv(prev, window - (now - start), window)
   if rest > 0 then weighted = weighted + 1 end

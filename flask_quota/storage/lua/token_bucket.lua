@@ -1,9 +1,10 @@
 -- GCRA token bucket: one "theoretical arrival time" per key.
 -- Mirrors flask_quota.core.algorithms.token_bucket. Returns as decide.lua reads it (see there).
-local function token_bucket(key, now, limit, window, capacity, cost)
+-- raw: the stored time from decide.lua's MGET (false when absent).
+local function token_bucket(raw, now, limit, window, capacity, cost)
   local interval = math.floor(window / limit)
   local tau = capacity * interval
-  local tat = tonumber(redis.call('GET', key))
+  local tat = tonumber(raw)
   local base = now
   if tat ~= nil and tat > now then base = tat end
   if cost > capacity then -- never fits, however long the caller waits: say one window
