@@ -115,9 +115,11 @@ def test_limited_counts_in_its_resources_unit(app: Flask, clock: FrozenClock) ->
     with app.app_context():
         with quota.limited("5/minute", resource="tok", key="batch", cost=600):
             pass
-        with pytest.raises(QuotaExceeded) as denied:
-            with quota.limited("5/minute", resource="tok", key="batch", cost=600):
-                pass
+        with (
+            pytest.raises(QuotaExceeded) as denied,
+            quota.limited("5/minute", resource="tok", key="batch", cost=600),
+        ):
+            pass
     assert "1000 tokens per 3600 s" in denied.value.description
 
 
