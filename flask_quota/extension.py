@@ -8,7 +8,7 @@ import os
 import shlex
 import sys
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from blinker import NamedSignal
@@ -25,11 +25,12 @@ from flask import (
 )
 
 from . import signals
+from .after import NOTHING_AFTER, after_request, release_at_teardown
 from .cli import quota_cli
 from .core import leases, validators
 from .core.enforcer import Decided, Enforcer, Facts, limit_hooks, stack_hooks
 from .core.errors import InvalidApiKey, QuotaExceeded
-from .core.headers import ENVIRON_KEY, RETRY_AFTER, HeaderMode, apply_headers, rate_limit_headers
+from .core.headers import ENVIRON_KEY
 from .core.identity import Identity, plausible_api_key
 from .core.keys import KeyBuilder, remote_ip_tag
 from .core.limited import Limited, limited_spec
@@ -182,8 +183,8 @@ class Quota:
         )
         sql.autostart(app, needed=settings.dashboard_url is not None)
         app.before_request(self._before_request)
-        app.after_request(self._after_request)
-        app.teardown_request(_release_at_teardown)
+        app.after_request(after_request)
+        app.teardown_request(release_at_teardown)
         if settings.dashboard_url is not None:
             from .dashboard import make_blueprint  # the dashboard is loaded only when mounted
 
@@ -330,7 +331,7 @@ class Quota:
             raise ValueError(f"quota.settle() takes an int >= 0, got {actual!r}")
         _limited_view("quota.settle()")
         scope = g._get_current_object()
-        extra, _ = scope.__dict__.get("_quota_after", _NOTHING_AFTER)
+        extra, _ = scope.__dict__.get("_quota_after", NOTHING_AFTER)
         scope._quota_after = (extra, actual)
 
     def charge(self, units: int) -> None:
@@ -344,7 +345,7 @@ class Quota:
             raise ValueError(f"quota.charge() takes an int >= 0, got {units!r}")
         _limited_view("quota.charge()")
         scope = g._get_current_object()
-        extra, actual = scope.__dict__.get("_quota_after", _NOTHING_AFTER)
+        extra, actual = scope.__dict__.get("_quota_after", NOTHING_AFTER)
         scope._quota_after = (extra + units, actual)
 
     def identity_loader(
@@ -504,7 +505,7 @@ class Quota:
             scope = g._get_current_object()
             scope._quota = decided
             if decided.route.leases and decided.reply.all_allowed:
-                scope._quota_leased = decided  # given back after the response (_after_request)
+                scope._quota_leased = decided  # given back after the response (after.py)
 
     def _identify(self, settings: Settings, req: Request) -> Identity | None:
         if self._identity_loader is not None:
@@ -530,143 +531,11 @@ class Quota:
             raise InvalidApiKey(settings.api_key_header)
         return None  # unknown keys are anonymous: inventing keys buys no fresh bucket
 
-    def _after_request(self, response: Response) -> Response:
-        scope = g._get_current_object()
-        denial: QuotaExceeded | None = scope.__dict__.pop("_quota_denial", None)
-        if denial is not None:
-            names = current_app.extensions["quota"].settings.header_names
-            wait = names.get(RETRY_AFTER, RETRY_AFTER) if names else RETRY_AFTER
-            if wait not in response.headers:
-                # The app's own @app.errorhandler(QuotaExceeded) answered: the wait still
-                # holds (a block's rest, not the tier's, when this request was blocked).
-                response.headers[wait] = str(denial.retry_after)
-            if names:  # e.g. the handler returned error.get_response(): our usual names
-                _rename(response, names)
-        decided: Decided | None = scope.__dict__.pop("_quota", None)
-        if decided is None:
-            return response
-        state: QuotaState = current_app.extensions["quota"]
-        mode, headers, spec = state.settings.headers, response.headers, decided.spec
-        names = state.settings.header_names
-        if decided.route.leases and mode is not HeaderMode.NONE:
-            apply_headers(headers, decided.route.lease_headers(decided.reply), names)
-        decision = None
-        if scope.__dict__.pop("_quota_inner", False):
-            # A quota.limited inside the view denied: the 429 is that limit's, and the
-            # view's own headers would contradict its body.
-            pass
-        elif response.is_streamed and spec is not None and decided.reply.all_allowed:
-            # The stream may still call quota.settle or quota.charge while it runs: they
-            # are settled when it ends. Its headers left before, so they show admission.
-            apply_headers(headers, decided.route.headers(decided.reply, mode), names)
-            response.call_on_close(_Settle(state, decided, scope, response))
-        # What the view asked for after the response: quota.charge's units, quota.settle's.
-        elif (after := _settlement(scope, decided, response)) is not None:
-            decision = state.enforcer.settle(decided, **after)
-            apply_headers(headers, rate_limit_headers(decision, mode), names)
-        else:
-            apply_headers(headers, decided.route.headers(decided.reply, mode), names)
-        if state.usage is not None:
-            decision = decision or decided.decision()
-            state.usage.record(decided.tag, decision.plan, decision.usage_outcomes())
-        if decided.route.leases and response.is_streamed:
-            # Last, so that a failure above leaves the lease to the teardown: a streamed
-            # response holds its leases until it is closed (its stream ended).
-            leased: Decided | None = scope.__dict__.pop("_quota_leased", None)
-            if leased is not None:
-                release = _Release(state.enforcer, leased)
-                scope._quota_release = release  # for the teardown, if a later hook raises
-                response.call_on_close(release)
-        return response
-
-
-def _settlement(scope: Any, decided: Decided, response: Response) -> dict[str, Any] | None:
-    """``Enforcer.settle``'s arguments for an admitted request whose view charged, settled
-    or has a ``charge_when`` to ask; None when nothing changes its charge."""
-    extra, actual = scope.__dict__.pop("_quota_after", _NOTHING_AFTER)
-    spec = decided.spec
-    if spec is None or not decided.reply.all_allowed:
-        return None
-    if not (spec.charge_when or extra or actual is not None or _judged(decided.more)):
-        return None
-
-    def counted(limit: LimitSpec) -> bool:
-        return limit.charge_when is None or bool(limit.charge_when(response))
-
-    return {"counted": counted, "extra": extra, "actual": actual}
-
-
-class _Settle:
-    """A streamed response's settlement when it is closed: what its stream charged or
-    settled while it ran (``quota.charge``, ``quota.settle``) and its ``charge_when``."""
-
-    __slots__ = ("decided", "response", "scope", "state")
-
-    def __init__(self, state: QuotaState, decided: Decided, scope: Any, response: Response):
-        self.state, self.decided, self.scope, self.response = state, decided, scope, response
-
-    def __call__(self) -> None:
-        after = _settlement(self.scope, self.decided, self.response)
-        if after is None:
-            return
-        try:
-            self.state.enforcer.settle(self.decided, **after)
-        except Exception:  # the response is gone: nothing to answer, so it is logged
-            log.exception("flask-quota: settling a streamed response failed")
-
-
-def _rename(response: Response, names: Mapping[str, str]) -> None:
-    """Our headers sent under their usual names (a response the app built from our
-    error) move to their ``QUOTA_HEADER_NAMES`` names."""
-    headers = response.headers
-    for ours, theirs in names.items():
-        value = headers.get(ours)
-        if value is not None and theirs != ours:
-            del headers[ours]
-            headers[theirs] = value
-
 
 def _inner() -> None:
     """A ``quota.limited`` denied inside a request: noted for the after-request hook."""
     if has_request_context():
         g._get_current_object()._quota_inner = True
-
-
-class _Release:
-    """Gives a request's leases back once: the response's close may run more than once."""
-
-    __slots__ = ("decided", "enforcer")
-
-    def __init__(self, enforcer: Enforcer, decided: Decided | None) -> None:
-        self.enforcer, self.decided = enforcer, decided
-
-    def __call__(self) -> None:
-        decided, self.decided = self.decided, None
-        if decided is not None:
-            self.enforcer.release(decided)
-
-
-def _release_at_teardown(error: BaseException | None) -> None:
-    """Give back the leases of a request whose response is not streamed, or that got
-    none (its view raised past the error handlers, an after-request hook failed, also
-    after a streamed response's close hook was set: that response is never sent)."""
-    scope = g._get_current_object()
-    leased: Decided | None = scope.__dict__.pop("_quota_leased", None)
-    if leased is not None:
-        state: QuotaState = current_app.extensions["quota"]
-        _Release(state.enforcer, leased)()
-    release: _Release | None = scope.__dict__.pop("_quota_release", None)
-    if release is not None and error is not None:
-        release()  # gives back once, whichever of it and the close comes first
-
-
-# ``g._quota_after`` until a view calls quota.charge or quota.settle: (units, actual).
-_NOTHING_AFTER: tuple[int, int | None] = (0, None)
-
-
-def _judged(more: tuple[LimitSpec, ...]) -> bool:
-    """True when a stacked view's further limit has a ``charge_when`` to ask."""
-    return any(spec.charge_when is not None for spec in more)
 
 
 def _limited_view(what: str) -> None:

@@ -63,8 +63,8 @@ def concurrency(value: object) -> int:
     to ``MAX_SLOTS``."""
     if not is_count(value, minimum=1) or value > MAX_SLOTS:  # type: ignore[operator]
         raise ValueError(
-            f"{value!r} is not a number of requests in flight: use a whole number from 1 "
-            f"to {MAX_SLOTS:,}"
+            f"{value!r} is not a number of requests in flight: use a whole number of at "
+            f"least 1 and at most {MAX_SLOTS:,}"
         )
     assert isinstance(value, int)
     return value

@@ -120,8 +120,8 @@ def concurrency(value: int | str | None) -> int | None:
         if 1 <= number <= validators.MAX_SLOTS:
             return number
     raise AdminError(
-        f"concurrent {value!r} must be a whole number from 1 to {validators.MAX_SLOTS:,}, "
-        "or none for no bound"
+        f"concurrent {value!r} must be a whole number of at least 1 and at most "
+        f"{validators.MAX_SLOTS:,}, or none for no bound"
     )
 
 
