@@ -80,7 +80,8 @@ trap 'kill "$nox_install" 2>/dev/null || true; rm -f "$nox_log"' EXIT
 echo "== ruff"; .venv/bin/ruff check .
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest: every test but the quiet ones, two processes ($(.venv/bin/python -V))"
-.venv/bin/python -m pytest -m "not quiet" -n 2 "$@"
+# The 25 slowest, so a slower run says where its time went.
+.venv/bin/python -m pytest -m "not quiet" -n 2 --durations=25 "$@"
 echo "== nox: installing $sessions (in the background since the start)"
 if ! wait "$nox_install"; then cat "$nox_log" >&2; echo "!!! nox --install-only failed" >&2; exit 1; fi
 grep -E '^nox > (Skipping|Session .* (was successful|failed|skipped))' "$nox_log" || true
