@@ -48,6 +48,7 @@ from .storage import Storage, storage_from_url
 from .storage.breaker import CircuitBreaker
 from .storage.denycache import DenyCache
 from .storage.failover import GuardedStorage
+from .storage.prefetch import Prefetch
 from .tools import blocks, inspection
 from .tools.blocks import Block
 from .tools.usage import UsageRecorder, usage_sink
@@ -139,6 +140,11 @@ class Quota:
         usage = None
         if settings.dashboard_url is not None:
             usage = UsageRecorder(usage_sink(storage, settings.key_prefix))
+        if settings.prefetch is not None:
+            # Shares of busy buckets spent in-process; a change in SQL drops them all, and
+            # each expires within the sync interval anyway (storage/prefetch.py).
+            storage = Prefetch(storage, fraction=settings.prefetch, horizon=settings.sync_interval)
+            sql.on_change(storage.forget)
         if self._storage is None and settings.deny_cache and storage.name != "memory":
             storage = DenyCache(storage)  # a flood of denials stays off Redis
             # A reset, an unblock or a plan change anywhere bumps the SQL version:

@@ -18,6 +18,7 @@ from .core.headers import HeaderMode, header_names
 from .core.plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
 from .core.rates import ACCEPTED, MAX_WINDOW, Rate, parse_rate
 from .storage.breaker import DEFAULT_THRESHOLD
+from .storage.prefetch import MAX_FRACTION
 
 __all__ = ["DEFAULTS", "DOCS", "FailMode", "HeaderMode", "PlansSource", "Settings", "reference"]
 
@@ -71,6 +72,8 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_LEASE_SECONDS": 60,  # a concurrency lease no one gave back expires after this
     "QUOTA_BILLING_DAY": 1,  # day of the month a N/month quota resets (1-31, clamped)
     "QUOTA_HEADER_NAMES": None,  # e.g. {"X-RateLimit-Limit": "X-Quota-Limit"}: renames ours
+    "QUOTA_PREFETCH": None,  # e.g. 0.05: a worker may take up to 5% of a bucket ahead, spend
+    # it locally, and ask storage again only when its share runs out
 }
 
 # What each key means: the configuration reference (README, docs and init_app's
@@ -154,6 +157,13 @@ DOCS["QUOTA_NEAR_LIMIT"] = (
     "once and counts ``flask_quota_near_limit_total``; the dashboard's \"about to hit the "
     'limit" list uses it too. ``None``: no warning.'
 )
+DOCS["QUOTA_PREFETCH"] = (
+    "Share of a bucket (above 0, at most 0.5) a worker may take ahead and spend in-process, "
+    "asking the storage again only when it runs out; ``None``: every request is decided in "
+    "storage. Never admits more than the exact limit; token buckets and fixed windows only "
+    "(sliding windows, shadow checks and concurrency leases are always decided in "
+    'storage); headers become approximate. See Operations, "Prefetch".'
+)
 DOCS["QUOTA_TIMEZONE"] = (
     "IANA time zone (``zoneinfo``) whose calendar ``N/month`` and ``N/year`` rates follow: "
     "their windows start at local midnight, DST changes included."
@@ -226,6 +236,7 @@ class Settings:
     calendar: Calendar = field(default_factory=Calendar)  # QUOTA_TIMEZONE, QUOTA_BILLING_DAY
     header_names: Mapping[str, str] | None = None  # QUOTA_HEADER_NAMES; None: the usual ones
     lease_seconds: int = 60
+    prefetch: float | None = None  # QUOTA_PREFETCH: the largest share of a bucket taken ahead
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -282,6 +293,7 @@ class Settings:
             near_limit=_share(get, "QUOTA_NEAR_LIMIT"),
             calendar=_calendar(get),
             header_names=header_names(get["QUOTA_HEADER_NAMES"]),
+            prefetch=_prefetch(get, "QUOTA_PREFETCH"),
         )
         for key in ("QUOTA_DEFAULT_PLAN", "QUOTA_ANONYMOUS_PLAN"):
             if get[key] not in plans:
@@ -398,6 +410,23 @@ def _share(get: dict[str, Any], key: str) -> float | None:
         raise ValueError(
             f"{key}={value!r} must be a share of a bucket between 0 and 1 (exclusive), e.g. 0.8, "
             "or None to send no near-limit warning"
+        )
+    return share
+
+
+def _prefetch(get: dict[str, Any], key: str) -> float | None:
+    """A share above 0 and at most ``MAX_FRACTION`` (a number, or its text), or ``None``."""
+    value = get[key]
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "off")):
+        return None
+    try:
+        share = float(value)
+    except (TypeError, ValueError, OverflowError):
+        share = float("nan")
+    if isinstance(value, bool) or not 0 < share <= MAX_FRACTION:
+        raise ValueError(
+            f"{key}={value!r} must be the share of a bucket a worker may take ahead, above 0 "
+            f"and at most {MAX_FRACTION}, e.g. 0.05; or None to decide every request in storage"
         )
     return share
 

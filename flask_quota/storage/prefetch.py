@@ -1,0 +1,376 @@
+"""Prefetched shares (``QUOTA_PREFETCH``): a worker takes part of a bucket ahead in
+one storage call and spends it in-process, asking again only when it runs out.
+
+The storage still decides every unit: a share is charged there, exactly, when it is
+taken, so the storage never hands out more than its algorithm allows. What a share
+must not do is outlive its units' meaning, and that bound is the whole design:
+
+- **Fixed window** (calendar windows too): a share is spent only inside the window
+  it was charged to. No window admits more than its limit.
+- **Token bucket** (GCRA): a share of ``s`` units taken when the bucket's TAT became
+  ``tat`` is spent only before ``tat - s * interval``. Until then the bucket, even
+  refilling undisturbed, stays at least ``s`` units below full, so the units held
+  outside it (every worker's valid shares) never make more than its capacity. Then
+  every sequence of admitted requests is one the exact bucket admits too: bursts
+  are never larger, and the long-run rate is never higher. The rule the issue
+  sketched ("within the time its units take to refill") alone would allow a
+  burst of capacity plus a share; ``tests/test_prefetch_model.py`` checks ours
+  over random interleavings. A share taken while the bucket has room also burns a
+  *guard* of as many units again, which makes the share spendable for the time its
+  units take to refill; near its limit a bucket takes no guard (its own deficit
+  gives the time).
+- **Sliding windows** are never prefetched: their window moves with every request,
+  so a unit held for any time may be spent in a window that no longer counts it.
+  Routes with a sliding check, a shadow check or a concurrency lease are decided
+  in storage every time, exactly as without prefetch.
+
+Every share also expires after ``horizon`` seconds (the SQL sync interval), and the
+block gate's "not blocked" is trusted for as long: a reset, block, plan change or
+override reaches a prefetching worker within that interval, as it reaches its deny
+cache. ``forget()`` (called on every SQL version change) drops every share at once.
+
+Deadlines start when the storage call was *sent*: the storage decided later, so a
+share never outlives its storage-side bound. The price is under-admission: a
+share left unspent when it expires or is dropped is lost, at most one share per
+worker and bucket at a time, plus the guards. A worker halves its next share of a
+bucket when one expires mostly unspent, and doubles it (up to
+``fraction`` of the bucket) when one runs out.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..core.algorithms import Algorithm, Gate
+from ..core.clock import US
+from ..core.generations import Generations
+from ..core.rates import Rate
+from . import Check, Storage, Verdict
+from .base import BlockEntry, Reply, flat_decide, verdict_of
+
+__all__ = ["MAX_FRACTION", "Prefetch", "share_size"]
+
+MAX_FRACTION = 0.5
+"""The largest share ``QUOTA_PREFETCH`` may ask for: half a bucket per worker."""
+
+_SHAPES = 1024  # augmented request shapes kept (the storage caches encodings by identity)
+
+
+def share_size(fraction: float, rate: Rate, algorithm: Algorithm) -> int:
+    """The largest share of a bucket under ``rate``: ``fraction`` of it, at least 1."""
+    size = rate.capacity if algorithm is Algorithm.TOKEN_BUCKET else rate.limit
+    return max(1, int(size * fraction))
+
+
+@dataclass(slots=True)
+class _Share:
+    """What this worker knows of one bucket: its share (units charged in storage and
+    not yet spent here), the bucket's room at the last storage answer, and how often
+    the bucket is asked for here (a share is worth taking only for a busy bucket)."""
+
+    rate: Rate
+    left: int  # the share's units not yet spent
+    taken: int  # the share's size when taken
+    deadline: float  # local monotonic seconds: the share is spent only before
+    remaining: int  # the bucket's remaining in storage at the last answer
+    reset_us: int  # the bucket's reset then (storage clock)
+    now_us: int  # the storage's time of that answer
+    sent: float  # local time that answer was asked for
+    size: int  # the next share's size (halved when unspent or refused, doubled when used up)
+    seen: float  # local time of the last request for this bucket here
+
+
+class Prefetch:
+    """Wraps a ``Storage``: decides a request from this worker's shares when every
+    check of it has one that covers its cost, otherwise in storage, taking new
+    shares in the same call. All-or-nothing across the checks either way."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        fraction: float,
+        horizon: float,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = 10_000,
+    ) -> None:
+        if not 0 < fraction <= MAX_FRACTION:
+            raise ValueError(f"a prefetch share is a fraction in (0, {MAX_FRACTION}]")
+        self.storage = storage
+        self.name = storage.name
+        self.fraction = fraction
+        self.horizon = horizon
+        self._clock = clock
+        self._max_keys = max_keys
+        self._lock = threading.Lock()
+        self._shares: dict[str, _Share] = {}
+        self._gates: dict[str, float] = {}  # block key -> "not blocked" trusted until
+        self._forgot_at = float("-inf")  # a take asked for before this is not kept
+        # (id(checks), costs) -> (checks, the same checks with those costs)
+        self._shapes: Generations[tuple[int, tuple[int, ...]], tuple[object, tuple[Check, ...]]]
+        self._shapes = Generations(_SHAPES)
+        self.local = 0  # decisions answered from shares, without the storage
+
+    # -- deciding -------------------------------------------------------------
+
+    def decide(self, checks: Sequence[Check]) -> Verdict:
+        return verdict_of(checks, self.decide_flat(checks, [c.key for c in checks]))
+
+    def decide_flat(self, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
+        """From shares when they cover every check, else one storage call (two when a
+        share asked for did not fit: then the request is decided again without)."""
+        if not _prefetchable(checks):
+            return flat_decide(self.storage, checks, keys)
+        now = self._clock()
+        with self._lock:
+            local = self._spend(checks, keys, now)
+            if local is not None:
+                self.local += 1
+                return local
+            extra, guards = self._asks(checks, keys, now)
+        if not any(extra):
+            return self._exact(checks, keys, now)
+        asked = self._shape(
+            checks, [c.cost + x + g for c, x, g in zip(checks, extra, guards, strict=True)]
+        )
+        reply = flat_decide(self.storage, asked, keys)
+        if reply.all_allowed:
+            self._keep(checks, keys, reply, extra, now)
+            return reply
+        with self._lock:  # a share did not fit: ask less next time, and decide as asked
+            for check, key, x in zip(checks, keys, extra, strict=True):
+                known = self._shares.get(key)
+                if x and known is not None and known.rate == check.rate:
+                    known.size //= 2
+        return self._exact(checks, keys, now)
+
+    def _exact(self, checks: Sequence[Check], keys: Sequence[str], sent: float) -> Reply:
+        """The request decided in storage as asked; its answers update what is known."""
+        reply = flat_decide(self.storage, checks, keys)
+        self._keep(checks, keys, reply, [0] * len(checks), sent)
+        return reply
+
+    def _spend(self, checks: Sequence[Check], keys: Sequence[str], now: float) -> Reply | None:
+        """The request's reply from this worker's shares, spent; None when any check has
+        none that covers its cost (then nothing is spent)."""
+        found: list[_Share | None] = []
+        for check, key in zip(checks, keys, strict=True):
+            if check.algorithm is Gate.BLOCK:
+                if self._gates.get(key, 0.0) <= now:
+                    return None
+                found.append(None)
+                continue
+            share = self._shares.get(key)
+            if share is None or share.rate != check.rate or share.left < check.cost:
+                return None
+            if share.deadline <= now:
+                return None
+            found.append(share)
+        base = next(s for s in found if s is not None)
+        now_us = base.now_us + round((now - base.sent) * US)
+        reply = Reply((now_us, 1))
+        for check, share in zip(checks, found, strict=True):
+            if share is None:
+                reply += (1, 0, now_us, 0)  # the block gate: not blocked
+                continue
+            share.left -= check.cost
+            share.seen = now
+            if share.left < check.cost:
+                share.size = min(share.size * 2, self._max(check))  # used up: ask more
+            reply += (1, share.remaining + share.left, _reset(check, share), 0)
+        return reply
+
+    def _asks(
+        self, checks: Sequence[Check], keys: Sequence[str], now: float
+    ) -> tuple[list[int], list[int]]:
+        """Per check, the share to take with this request and the guard to burn with it.
+        None for gates, for buckets whose share still covers the cost, for a bucket seen
+        here for the first time, and for one asked for too seldom to spend a share."""
+        extra, guards = [0] * len(checks), [0] * len(checks)
+        for i, (check, key) in enumerate(zip(checks, keys, strict=True)):
+            if check.algorithm is Gate.BLOCK:
+                continue
+            known = self._shares.get(key)
+            if known is None or known.rate != check.rate:
+                continue  # first sight (or a new rate): decided exactly, and then known
+            gap, known.seen = now - known.seen, now
+            if known.deadline > now and known.left >= check.cost:
+                continue
+            if known.left and known.left * 2 > known.taken:
+                known.size //= 2  # expired mostly unspent: ask less
+            known.left = 0
+            # No more than this worker could spend before a share expires, nor than the
+            # bucket had left at its last answer (such a take would only be refused).
+            uses = int(self.horizon / gap) * check.cost if gap > 0 else known.size
+            size = min(known.size, uses, _power_below(known.remaining - check.cost))
+            if size <= 0:
+                continue
+            extra[i] = size
+            if check.algorithm is Algorithm.TOKEN_BUCKET:
+                guards[i] = _guard(check, known, size, gap)
+        return extra, guards
+
+    def _keep(
+        self,
+        checks: Sequence[Check],
+        keys: Sequence[str],
+        reply: Reply,
+        extra: Sequence[int],
+        sent: float,
+    ) -> None:
+        """Keep the shares an allowed call took, and the block gates it read open; the
+        reply then counts each share as the caller's (approximate headers). A denied
+        call takes nothing: it only tells the buckets' room (the next shares' bound)."""
+        now_us, allowed = reply.now_us, reply.all_allowed
+        with self._lock:
+            if sent < self._forgot_at:
+                return  # asked before a reset or plan change: what it took is dropped
+            if len(self._shares) >= self._max_keys or len(self._gates) >= self._max_keys:
+                self._prune(sent)
+            for i, (check, key) in enumerate(zip(checks, keys, strict=True)):
+                if check.algorithm is Gate.BLOCK:
+                    if allowed:
+                        self._gates[key] = sent + self.horizon
+                    continue
+                remaining, reset_us = reply.remaining(i), reply.reset_us(i)
+                known = self._shares.get(key)
+                if known is None or known.rate != check.rate:
+                    known = self._shares[key] = _Share(
+                        check.rate, 0, 0, sent, remaining, reset_us, now_us, sent,
+                        self._max(check), sent,
+                    )  # fmt: skip
+                known.remaining, known.reset_us, known.now_us, known.sent = (
+                    remaining, reset_us, now_us, sent,
+                )  # fmt: skip
+                s = extra[i] if allowed else 0
+                if s <= 0:
+                    if allowed and known.size == 0 and remaining >= check.cost + 2:
+                        known.size = 1  # room again after refusals: start small
+                    continue
+                if check.algorithm is Algorithm.TOKEN_BUCKET:
+                    until_us = reset_us - s * check.rate.interval_us
+                else:
+                    until_us = reset_us  # the window's end
+                known.left = known.taken = s
+                known.deadline = sent + min(self.horizon, (until_us - now_us) / US)
+                j = 2 + 4 * i  # the reply says the share is the caller's to spend
+                reply[j + 1] = remaining + s
+                reply[j + 2] = _reset(check, known)
+
+    def _shape(self, checks: Sequence[Check], costs: list[int]) -> tuple[Check, ...]:
+        """``checks`` with ``costs``, the same object for the same costs (the storage
+        caches a shape's encoding by identity)."""
+        key = (id(checks), tuple(costs))
+        found = self._shapes.current.get(key) or self._shapes.recall(key)
+        if found is None or found[0] is not checks:
+            made = tuple(
+                Check(c.key, c.algorithm, c.rate, cost, c.shadow, c.calendar)
+                for c, cost in zip(checks, costs, strict=True)
+            )
+            found = (checks, made)
+            self._shapes.put(key, found)
+        return found[1]
+
+    def _max(self, check: Check) -> int:
+        assert isinstance(check.algorithm, Algorithm)
+        return share_size(self.fraction, check.rate, check.algorithm)
+
+    def _prune(self, now: float) -> None:
+        self._shares = {k: s for k, s in self._shares.items() if s.deadline > now}
+        self._gates = {k: t for k, t in self._gates.items() if t > now}
+        if len(self._shares) >= self._max_keys:
+            self._shares.clear()
+        if len(self._gates) >= self._max_keys:
+            self._gates.clear()
+
+    # -- changes ----------------------------------------------------------------
+
+    def forget(self, keys: Sequence[str] = ()) -> None:
+        """Drop the shares (and trusted gates) of ``keys``, all of them when empty; their
+        unspent units are lost. A take asked for before an empty ``forget`` is not kept."""
+        with self._lock:
+            if keys:
+                for key in keys:
+                    self._shares.pop(key, None)
+                    self._gates.pop(key, None)
+            else:
+                self._shares.clear()
+                self._gates.clear()
+                self._forgot_at = self._clock()
+
+    def clear(self, keys: Sequence[str]) -> None:
+        self.storage.clear(keys)
+        self.forget(keys)
+
+    def block(self, key: str, seconds: int, info: str) -> None:
+        self.storage.block(key, seconds, info)
+        self.forget([key])
+
+    # -- the rest goes to the storage as it is -------------------------------------
+
+    def peek(self, checks: Sequence[Check]) -> Verdict:
+        return self.storage.peek(checks)
+
+    def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
+        self.storage.refund(checks, charged_at_us)
+
+    def charge(self, checks: Sequence[Check]) -> None:
+        self.storage.charge(checks)
+
+    def blocks(self, match: str) -> list[BlockEntry]:
+        return self.storage.blocks(match)
+
+    def block_info(self, key: str) -> str | None:
+        return self.storage.block_info(key)
+
+    def ping(self) -> float:
+        return self.storage.ping()
+
+    def close(self) -> None:
+        self.forget()
+        self.storage.close()
+
+    def __len__(self) -> int:
+        return len(self._shares)
+
+
+def _prefetchable(checks: Sequence[Check]) -> bool:
+    """True when shares may decide the request: only block gates and non-shadow token
+    buckets and fixed windows, at least one of those (see the module docstring)."""
+    bucket = False
+    for c in checks:
+        if c.algorithm is Gate.BLOCK:
+            continue
+        if c.shadow or c.algorithm not in (Algorithm.TOKEN_BUCKET, Algorithm.FIXED_WINDOW):
+            return False
+        bucket = True
+    return bucket
+
+
+def _guard(check: Check, known: _Share, size: int, gap: float) -> int:
+    """The units to burn with a token bucket's share of ``size`` so that it can be spent
+    at this worker's pace (a request every ``gap`` s): a share is spendable for as many
+    intervals as the bucket then lacks, less the share (see the module docstring), so
+    a bucket with less room needs less. At most the share; none when the room lacks."""
+    interval = check.rate.interval_us
+    wanted = -(-round(size / check.cost * gap * US) // interval)  # intervals to spend it in
+    lacking = check.rate.capacity - known.remaining + check.cost
+    guard = min(size, max(0, wanted - lacking))
+    return guard if known.remaining >= check.cost + size + guard else 0
+
+
+def _reset(check: Check, share: _Share) -> int:
+    """A bucket's reset as this worker sees it: a token bucket refills its unspent
+    share sooner; a window resets at its end."""
+    if check.algorithm is Algorithm.TOKEN_BUCKET:
+        return share.reset_us - share.left * check.rate.interval_us
+    return share.reset_us
+
+
+def _power_below(n: int) -> int:
+    """The largest power of two <= ``n`` (0 when ``n < 1``): sizes stay few, so the
+    storage's cached request shapes do."""
+    return 1 << (n.bit_length() - 1) if n >= 1 else 0

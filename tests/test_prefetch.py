@@ -1,0 +1,191 @@
+"""QUOTA_PREFETCH through the app, on a real redis-server: fewer decide calls, the
+limit never exceeded, and resets, blocks, plan changes and fail modes as without.
+The property itself (no interleaving over-admits) is ``tests/test_prefetch_model.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from flask import Flask
+
+from flask_quota import Identity, Quota
+from tests.servers import RedisServer
+
+pytestmark = pytest.mark.redis
+
+LOG = {"rate": "1000/minute", "algorithm": "sliding_window_log"}
+PLANS = {
+    "free": {
+        "user": "1000/minute",
+        "global": "100000/minute",
+        "resources": {"small": "40/minute", "log": LOG},
+    },
+    "pro": {
+        "user": "3000/minute",
+        "global": "100000/minute",
+        "resources": {"small": "80/minute", "log": LOG},
+    },
+}
+
+
+def decide_calls(client: redis.Redis) -> int:
+    stats: dict[str, Any] = client.info("commandstats")  # the decide call: function or script
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("fcall", "evalsha"))
+
+
+def make_app(url: str, **config: Any) -> tuple[Flask, Quota]:
+    app = Flask(__name__)
+    app.config.update(
+        {
+            "QUOTA_STORAGE_URL": url,
+            "QUOTA_PLANS": PLANS,
+            "QUOTA_DATABASE_URL": "sqlite://",
+            "QUOTA_PREFETCH": 0.05,
+            **config,
+        }
+    )
+    quota = Quota(app)
+    plan = {"name": "free"}
+
+    @quota.identity_loader
+    def caller() -> Identity:
+        return Identity("acct-1", plan["name"])
+
+    @app.get("/ping")
+    def ping() -> str:
+        return "pong"
+
+    @app.get("/small")
+    @quota.limit(resource="small")
+    def small() -> str:
+        return "ok"
+
+    @app.get("/log")
+    @quota.limit(resource="log")
+    def log() -> str:
+        return "ok"
+
+    app.config["TEST_PLAN"] = plan
+    return app, quota
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[str]:
+    redis_client.config_resetstat()
+    yield redis_server.url
+
+
+def test_a_busy_caller_costs_a_fraction_of_the_decide_calls(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    app, _ = make_app(redis_url)
+    client = app.test_client()
+    statuses = [client.get("/ping").status_code for _ in range(400)]
+    assert statuses == [200] * 400
+    calls = decide_calls(redis_client)
+    assert calls < 400 * 0.15, calls  # exact mode: 400
+    # The headers still speak: approximate, but a bucket of the plan's size.
+    response = client.get("/ping")
+    assert response.headers["X-RateLimit-Limit"] == "1000"
+    assert 0 < int(response.headers["X-RateLimit-Remaining"]) < 1000
+
+
+def test_without_prefetch_every_request_asks_the_storage(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """The count above can fail: the same traffic, exact, is one call a request."""
+    app, _ = make_app(redis_url, QUOTA_PREFETCH=None)
+    client = app.test_client()
+    for _ in range(50):
+        assert client.get("/ping").status_code == 200
+    assert decide_calls(redis_client) == 50
+
+
+def test_the_limit_is_never_exceeded_and_nearly_reached(redis_url: str) -> None:
+    app, _ = make_app(redis_url)
+    client = app.test_client()
+    statuses = [client.get("/small").status_code for _ in range(80)]
+    admitted = statuses.count(200)
+    assert set(statuses) <= {200, 429}
+    assert 36 <= admitted <= 40, statuses
+
+
+def test_a_sliding_window_is_decided_in_storage_every_time(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    app, _ = make_app(redis_url)
+    client = app.test_client()
+    for _ in range(30):
+        assert client.get("/log").status_code == 200
+    assert decide_calls(redis_client) == 30
+
+
+def test_a_reset_gives_the_bucket_back_at_once(redis_url: str) -> None:
+    app, quota = make_app(redis_url)
+    client = app.test_client()
+    while client.get("/small").status_code == 200:
+        pass
+    with app.app_context():
+        quota.reset(identity="acct-1")
+    assert client.get("/small").status_code == 200
+
+
+def test_a_block_applies_to_the_next_request(redis_url: str) -> None:
+    app, quota = make_app(redis_url)
+    client = app.test_client()
+    for _ in range(20):
+        assert client.get("/ping").status_code == 200  # shares in hand
+    with app.app_context():
+        quota.block(identity="acct-1", seconds=60, reason="test")
+    response = client.get("/ping")
+    assert response.status_code == 429
+    assert "blocked" in response.get_json()["detail"].lower()
+
+
+def test_a_plan_change_applies_to_the_next_request(redis_url: str) -> None:
+    """Shares of the old plan's bucket are not spent under the new one: the limit the
+    headers name is the new plan's at once (the rate differs, so the share does not
+    apply, and the worker forgets all shares when the SQL version moves)."""
+    app, _ = make_app(redis_url)
+    client = app.test_client()
+    for _ in range(20):
+        assert client.get("/ping").headers["X-RateLimit-Limit"] == "1000"
+    app.config["TEST_PLAN"]["name"] = "pro"
+    assert client.get("/ping").headers["X-RateLimit-Limit"] == "3000"
+
+
+def test_closed_mode_spends_shares_in_hand_then_refuses(tmp_path: Any) -> None:
+    """Shares were charged in storage before it died: spending them admits nothing the
+    limit did not allow. Once they run out or expire, the fail mode decides."""
+    server = RedisServer(tmp_path)  # started
+    try:
+        app, _ = make_app(server.url, QUOTA_FAIL_MODE="closed", QUOTA_SYNC_INTERVAL=1.5)
+        client = app.test_client()
+        for _ in range(10):
+            assert client.get("/ping").status_code == 200
+        server.kill()
+        statuses = [client.get("/ping").status_code for _ in range(200)]
+    finally:
+        server.stop()
+    assert statuses[0] == 200  # from the share in hand
+    assert 503 in statuses
+    assert set(statuses) <= {200, 503}
+    assert statuses.index(503) <= 50  # the largest share of 1000/minute at 5%
+
+
+@pytest.mark.parametrize("value", [0, -0.1, 0.6, 1, "x", True, float("nan")])
+def test_bad_prefetch_values_are_refused_naming_the_key(value: object) -> None:
+    app = Flask(__name__)
+    app.config.update(QUOTA_PREFETCH=value, QUOTA_DATABASE_URL="sqlite://")
+    with pytest.raises(ValueError, match="QUOTA_PREFETCH"):
+        Quota(app)
+
+
+@pytest.mark.parametrize("value", [None, "off", "", "0.05", 0.5])
+def test_prefetch_values_that_are_accepted(value: object) -> None:
+    app = Flask(__name__)
+    app.config.update(QUOTA_PREFETCH=value, QUOTA_DATABASE_URL="sqlite://")
+    Quota(app)

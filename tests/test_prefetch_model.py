@@ -1,0 +1,210 @@
+"""Prefetched shares never over-admit: a model-based proof over random interleavings.
+
+Several workers (each a ``Prefetch`` of its own) share one exact storage and one
+clock. Hypothesis interleaves their requests (costs 1-3, over one or two tiers),
+the clock's advance (refills, window ends, share expiries) and resets. Every request
+a worker admitted, from a share or from the storage, is then replayed in time order
+through the exact algorithm alone (``core.algorithms``, no shares): it must admit
+every one of them. That is the whole property: whatever the workers did, the
+admitted traffic is traffic the exact limiter admits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flask_quota.core.algorithms import ALGORITHMS, Algorithm, Gate
+from flask_quota.core.checks import Check
+from flask_quota.core.clock import US
+from flask_quota.core.rates import Rate
+from flask_quota.storage.memory import MemoryStorage
+from flask_quota.storage.prefetch import Prefetch
+
+
+@dataclass
+class World:
+    """One storage, ``workers`` prefetching wrappers of it, one clock (microseconds)."""
+
+    checks: tuple[Check, ...]
+    workers: int
+    fraction: float
+    horizon: float
+    now_us: int = 1_000_000_000
+    admitted: list[tuple[int, int]] = field(default_factory=list)  # (time, cost)
+    # What the replay replays, in the order it happened: (time, cost), cost 0 a reset
+    events: list[tuple[int, int]] = field(default_factory=list)
+    calls: int = 0
+    pool: list[Prefetch] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.storage = MemoryStorage(clock=lambda: self.now_us)
+        real = self.storage.decide_flat
+
+        def counted(checks: Any, keys: Any) -> Any:
+            self.calls += 1
+            return real(checks, keys)
+
+        self.storage.decide_flat = counted  # type: ignore[method-assign]
+        self.pool = [
+            Prefetch(self.storage, fraction=self.fraction, horizon=self.horizon,
+                     clock=lambda: self.now_us / US)
+            for _ in range(self.workers)
+        ]  # fmt: skip
+
+    def request(self, worker: int, cost: int) -> bool:
+        checks = tuple(
+            c if c.algorithm is Gate.BLOCK else Check(c.key, c.algorithm, c.rate, cost)
+            for c in self.checks
+        )
+        reply = self.pool[worker].decide_flat(checks, [c.key for c in checks])
+        if reply.all_allowed:
+            self.admitted.append((self.now_us, cost))
+            self.events.append((self.now_us, cost))
+        return reply.all_allowed
+
+    def reset(self) -> None:
+        """A reset: the storage forgets the buckets and every worker its shares (the
+        sync interval, here at once)."""
+        self.storage.clear([c.key for c in self.checks])
+        for worker in self.pool:
+            worker.forget()
+        self.events.append((self.now_us, 0))
+
+
+def replay(world: World) -> list[tuple[int, int]]:
+    """The admitted requests the exact algorithm alone would have denied."""
+    states: dict[str, Any] = {}
+    wrong = []
+    for t, cost in world.events:
+        if cost == 0:
+            states.clear()
+            continue
+        steps = []
+        for check in world.checks:
+            if check.algorithm is Gate.BLOCK:
+                continue
+            step = ALGORITHMS[check.algorithm](states.get(check.key), t, check.rate, cost)
+            steps.append((check.key, step))
+        if all(step.allowed for _, step in steps):
+            for key, step in steps:
+                states[key] = step.state
+        else:
+            wrong.append((t, cost))
+    return wrong
+
+
+GATE = Check("q:blk:ip", Gate.BLOCK, Rate(1, 1), 0)
+TB = Check("q:tb:ip", Algorithm.TOKEN_BUCKET, Rate(10, 1), 1)
+TB_BURST = Check("q:tb2:ip", Algorithm.TOKEN_BUCKET, Rate(6, 2, burst=12), 1)
+FW = Check("q:fw:ip", Algorithm.FIXED_WINDOW, Rate(20, 2), 1)
+SHAPES = {
+    "token bucket": (GATE, TB),
+    "token bucket with burst": (GATE, TB_BURST),
+    "fixed window": (GATE, FW),
+    "both": (GATE, TB, FW),
+}
+
+step = st.one_of(
+    st.tuples(st.just("request"), st.integers(0, 3), st.integers(1, 3)),
+    st.tuples(st.just("request"), st.integers(0, 3), st.just(1)),
+    # Mostly short steps (a busy caller, shares in use), some past refills and windows.
+    st.tuples(st.just("advance"), st.integers(0, 30_000), st.just(0)),
+    st.tuples(st.just("advance"), st.integers(0, 2_500_000), st.just(0)),
+    st.tuples(st.just("reset"), st.just(0), st.just(0)),
+)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=st.lists(step, min_size=1, max_size=250),
+    workers=st.integers(1, 4),
+    fraction=st.sampled_from([0.05, 0.2, 0.5]),
+    horizon=st.sampled_from([0.3, 1.5]),
+)
+def test_no_interleaving_admits_what_the_exact_algorithm_would_not(
+    shape: str, steps: list[tuple[str, int, int]], workers: int, fraction: float, horizon: float
+) -> None:
+    world = World(SHAPES[shape], workers, fraction, horizon)
+    for kind, a, b in steps:
+        if kind == "request":
+            world.request(a % workers, b)
+        elif kind == "advance":
+            world.now_us += a
+        else:
+            world.reset()
+    assert replay(world) == []
+
+
+def exact_admits(checks: tuple[Check, ...], times: list[int]) -> int:
+    """How many of unit requests at ``times`` the exact algorithm alone admits."""
+    world = World(checks, 1, 0.05, 0.5)
+    world.events = [(t, 1) for t in times]
+    return len(times) - len(replay(world))
+
+
+@pytest.mark.parametrize("algorithm", [Algorithm.TOKEN_BUCKET, Algorithm.FIXED_WINDOW])
+def test_a_busy_caller_under_its_limit_is_decided_mostly_without_the_storage(
+    algorithm: Algorithm,
+) -> None:
+    """The point of it all: 4 workers, a caller at 800 requests a second on a
+    1000/second limit. Every request is admitted, as exactly, with under 5% of them
+    asking the storage."""
+    world = World((GATE, Check("q:b:ip", algorithm, Rate(1000, 1), 1)), 4, 0.05, 0.5)
+    for i in range(8000):
+        world.now_us += 1250
+        world.request(i % 4, 1)
+    assert len(world.admitted) == 8000
+    assert world.calls < 8000 * 0.05, world.calls
+    assert replay(world) == []
+
+
+def test_a_burst_on_a_small_limit_admits_nearly_what_the_exact_bucket_does() -> None:
+    """300 quick requests over 4 workers on 100/minute: never more than the exact
+    bucket (the replay), and at least 80 of its 100."""
+    checks = (GATE, Check("q:u:ip", Algorithm.TOKEN_BUCKET, Rate(100, 60), 1))
+    world = World(checks, 4, 0.05, 0.5)
+    times = []
+    for i in range(300):
+        world.now_us += 1000
+        times.append(world.now_us)
+        world.request(i % 4, 1)
+    assert replay(world) == []
+    assert 80 <= len(world.admitted) <= exact_admits(checks, times) == 100
+
+
+def test_without_prefetch_the_model_counts_every_request() -> None:
+    """The counting above is real: a route with a sliding window is never prefetched,
+    so each request is one storage call."""
+    sliding = Check("q:swl:ip", Algorithm.SLIDING_WINDOW_LOG, Rate(10, 1), 1)
+    world = World((GATE, sliding), 2, 0.5, 1.5)
+    for i in range(40):
+        world.request(i % 2, 1)
+        world.now_us += 50_000
+    assert world.calls == 40
+
+
+def test_a_share_held_while_the_bucket_refills_does_not_make_a_burst() -> None:
+    """The case a looser rule gets wrong ("spend a share within the time its units
+    take to refill"): worker A takes a share, the bucket refills, worker B takes one
+    too, and both spend theirs together with what the storage has left. Held too
+    long, A's units would make a burst above the capacity; ours expire first."""
+    world = World((GATE, TB), 2, 0.5, 1.5)  # capacity 10, one unit per 100 ms
+    for worker in (0, 0, 0):
+        world.request(worker, 1)  # A: first sight, then a share with each quick one
+        world.now_us += 1000
+    world.now_us += 500_000
+    for worker in (1, 1, 1):
+        world.request(worker, 1)
+        world.now_us += 1000
+    world.now_us += 95_000
+    for _ in range(12):
+        world.request(0, 1)
+        world.request(1, 1)
+    assert world.pool[0].local + world.pool[1].local > 0  # shares were in play
+    assert replay(world) == []
