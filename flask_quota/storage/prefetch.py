@@ -39,6 +39,7 @@ bucket when one expires mostly unspent, and doubles it (up to
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -52,6 +53,8 @@ from . import Check, Storage, Verdict
 from .base import BlockEntry, Reply, flat_decide, verdict_of
 
 __all__ = ["MAX_FRACTION", "Prefetch", "share_size"]
+
+log = logging.getLogger("flask_quota")
 
 MAX_FRACTION = 0.5
 """The largest share ``QUOTA_PREFETCH`` may ask for: half a bucket per worker."""
@@ -81,6 +84,7 @@ class _Share:
     sent: float  # local time that answer was asked for
     size: int  # the next share's size (halved when unspent or refused, doubled when used up)
     seen: float  # local time of the last request for this bucket here
+    gap: float  # seconds between its requests here, smoothed (what a share can be spent at)
 
 
 class Prefetch:
@@ -130,7 +134,9 @@ class Prefetch:
             if local is not None:
                 self.local += 1
                 return local
-            extra, guards = self._asks(checks, keys, now)
+            extra, guards, refunds = self._asks(checks, keys, now)
+        for unspent, charged_at_us in refunds:
+            self._give_back(unspent, charged_at_us)
         if not any(extra):
             return self._exact(checks, keys, now)
         asked = self._shape(
@@ -146,6 +152,13 @@ class Prefetch:
                 if x and known is not None and known.rate == check.rate:
                     known.size //= 2
         return self._exact(checks, keys, now)
+
+    def _give_back(self, unspent: Check, charged_at_us: int) -> None:
+        """Refund an expired window share's unspent units; one that fails is lost."""
+        try:
+            self.storage.refund([unspent], charged_at_us)
+        except Exception:  # the request is what matters; the units are under-admission
+            log.debug("flask-quota: an unspent share could not be given back", exc_info=True)
 
     def _exact(self, checks: Sequence[Check], keys: Sequence[str], sent: float) -> Reply:
         """The request decided in storage as asked; its answers update what is known."""
@@ -177,7 +190,7 @@ class Prefetch:
                 reply += (1, 0, now_us, 0)  # the block gate: not blocked
                 continue
             share.left -= check.cost
-            share.seen = now
+            _tick(share, now)
             if share.left < check.cost:
                 share.size = min(share.size * 2, self._max(check))  # used up: ask more
             reply += (1, share.remaining + share.left, _reset(check, share), 0)
@@ -185,25 +198,34 @@ class Prefetch:
 
     def _asks(
         self, checks: Sequence[Check], keys: Sequence[str], now: float
-    ) -> tuple[list[int], list[int]]:
+    ) -> tuple[list[int], list[int], list[tuple[Check, int]]]:
         """Per check, the share to take with this request and the guard to burn with it.
         None for gates, for buckets whose share still covers the cost, for a bucket seen
-        here for the first time, and for one asked for too seldom to spend a share."""
+        here for the first time, and for one asked for too seldom to spend a share.
+        Also the unspent units of expired window shares, to give back (their charge
+        time with each): a window's count may shrink by what was never spent. (A
+        token bucket's may not: refilled meanwhile, it could then hold more than its
+        capacity alongside other workers' shares.)"""
         extra, guards = [0] * len(checks), [0] * len(checks)
+        refunds: list[tuple[Check, int]] = []
         for i, (check, key) in enumerate(zip(checks, keys, strict=True)):
             if check.algorithm is Gate.BLOCK:
                 continue
             known = self._shares.get(key)
             if known is None or known.rate != check.rate:
                 continue  # first sight (or a new rate): decided exactly, and then known
-            gap, known.seen = now - known.seen, now
+            _tick(known, now)
             if known.deadline > now and known.left >= check.cost:
                 continue
             if known.left and known.left * 2 > known.taken:
                 known.size //= 2  # expired mostly unspent: ask less
+            if known.left and check.algorithm is Algorithm.FIXED_WINDOW:
+                refunds.append((Check(key, check.algorithm, check.rate, known.left,
+                                      False, check.calendar), known.now_us))  # fmt: skip
             known.left = 0
             # No more than this worker could spend before a share expires, nor than the
             # bucket had left at its last answer (such a take would only be refused).
+            gap = known.gap
             uses = int(self.horizon / gap) * check.cost if gap > 0 else known.size
             size = min(known.size, uses, _power_below(known.remaining - check.cost))
             if size <= 0:
@@ -211,7 +233,7 @@ class Prefetch:
             extra[i] = size
             if check.algorithm is Algorithm.TOKEN_BUCKET:
                 guards[i] = _guard(check, known, size, gap)
-        return extra, guards
+        return extra, guards, refunds
 
     def _keep(
         self,
@@ -240,7 +262,7 @@ class Prefetch:
                 if known is None or known.rate != check.rate:
                     known = self._shares[key] = _Share(
                         check.rate, 0, 0, sent, remaining, reset_us, now_us, sent,
-                        self._max(check), sent,
+                        self._max(check), sent, self.horizon,
                     )  # fmt: skip
                 known.remaining, known.reset_us, known.now_us, known.sent = (
                     remaining, reset_us, now_us, sent,
@@ -348,6 +370,12 @@ def _prefetchable(checks: Sequence[Check]) -> bool:
             return False
         bucket = True
     return bucket
+
+
+def _tick(share: _Share, now: float) -> None:
+    """A request for ``share``'s bucket at ``now``: its smoothed gap follows."""
+    share.gap += (now - share.seen - share.gap) / 4
+    share.seen = now
 
 
 def _guard(check: Check, known: _Share, size: int, gap: float) -> int:
