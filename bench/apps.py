@@ -70,6 +70,7 @@ def quota_app(
     headers: str = "both",
     rate: str = ALLOW,
     deny_cache: bool | None = None,
+    prefetch: float | None = None,
 ) -> Flask:
     from flask_quota import Identity, Quota
     from flask_quota.core.algorithms import MAX_LOG_LIMIT
@@ -106,6 +107,7 @@ def quota_app(
     )
     if deny_cache is not None:  # default on: repeated denials are answered in-process
         app.config["QUOTA_DENY_CACHE"] = deny_cache
+    app.config["QUOTA_PREFETCH"] = prefetch
     quota = Quota(app)
 
     @quota.identity_loader
@@ -171,7 +173,12 @@ def gunicorn_app() -> Flask:
     if kind == "bare":
         return bare_app()
     if kind == "quota":
-        return quota_app(url, os.environ.get("BENCH_ALGORITHM", "token_bucket"))
+        prefetch = os.environ.get("BENCH_PREFETCH")
+        return quota_app(
+            url,
+            os.environ.get("BENCH_ALGORITHM", "token_bucket"),
+            prefetch=float(prefetch) if prefetch else None,
+        )
     if kind == "floor":
         from .compare import floor_server_app  # compare imports this module
 

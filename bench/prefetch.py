@@ -106,11 +106,48 @@ def run(case: Case, seconds: float, fraction: float | None, seed: int) -> tuple[
     return admitted, calls[0], len(traffic)
 
 
+GUNICORN = {
+    "bare": {"BENCH_APP": "bare"},
+    "floor": {"BENCH_APP": "floor"},
+    "flask-quota": {"BENCH_APP": "quota"},
+    "flask-quota, prefetch": {"BENCH_APP": "quota", "BENCH_PREFETCH": "0.05"},
+}
+
+
+def gunicorn_table(rounds: int, seconds: float) -> None:
+    """Throughput of 4 gunicorn workers under wrk (bench/throughput.py), three tiers on
+    one redis-server, limits that never deny: with 4 callers (every bucket busy)
+    and with 10,000 (each user's buckets cold; only the per-IP tier is busy)."""
+    from . import throughput
+    from .env import redis_server
+
+    with redis_server() as url:
+        print()
+        print(f"gunicorn, 4 workers, wrk, median of {rounds} interleaved {seconds:g} s rounds:")
+        print()
+        print("| callers | bare | floor | flask-quota | prefetch | prefetch / bare |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for users in (4, 10_000):
+            results, _ = throughput.measure(
+                url, rounds, seconds, servers=GUNICORN, users=users
+            )
+            rps = {name: r.rps for name, r in results.items()}
+            print(
+                f"| {users:,} | {rps['bare']:.0f} | {rps['floor']:.0f} | "
+                f"{rps['flask-quota']:.0f} | {rps['flask-quota, prefetch']:.0f} | "
+                f"{rps['flask-quota, prefetch'] / rps['bare']:.2f} |"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.prefetch", description=__doc__)
     parser.add_argument("--fraction", type=float, default=0.05, help="QUOTA_PREFETCH")
     parser.add_argument("--seconds", type=float, default=120.0, help="virtual seconds")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--gunicorn", type=int, metavar="ROUNDS", default=0,
+        help="also measure throughput under gunicorn and wrk, median of ROUNDS rounds",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     print(f"QUOTA_PREFETCH={args.fraction}, {WORKERS} workers, {args.seconds:g} s of traffic")
     print()
@@ -123,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             f"| {case.name} | {got:,} / {exact:,} = {got / exact:.1%} "
             f"| {exact_calls / n:.3f} → {calls / n:.3f} |"
         )
+    if args.gunicorn:
+        gunicorn_table(args.gunicorn, 5.0)
     return 0
 
 

@@ -10,6 +10,7 @@ wrk, a bounded keep-alive-free Python client of ours.
 from __future__ import annotations
 
 import http.client
+import os
 import random
 import re
 import resource
@@ -28,6 +29,7 @@ from .apps import PATH, USER_HEADER
 from .env import cpu_seconds, gunicorn
 
 WRK_SCRIPT = Path(__file__).with_name("wrk_users.lua")
+USERS = 10_000  # distinct X-User values the load rotates over
 APP_SPEC = "bench.apps:gunicorn_app()"
 
 # name -> environment of its gunicorn (see apps.gunicorn_app)
@@ -78,7 +80,7 @@ class Throughput:
         return statistics.median(a.rps / b.rps for a, b in zip(self.runs, other.runs, strict=True))
 
 
-def _wrk(port: int, seconds: float, connections: int) -> Load:
+def _wrk(port: int, seconds: float, connections: int, users: int = USERS) -> Load:
     wrk = shutil.which("wrk")
     assert wrk is not None
     out = subprocess.run(
@@ -90,6 +92,7 @@ def _wrk(port: int, seconds: float, connections: int) -> Load:
         text=True,
         timeout=seconds + 60,
         check=True,
+        env={**os.environ, "BENCH_USERS": str(users)},
     ).stdout  # fmt: skip
     match = re.search(r"(\d+) requests in ([\d.]+)(m?s)", out)
     if match is None:
@@ -103,7 +106,7 @@ def _wrk(port: int, seconds: float, connections: int) -> Load:
     return Load(int(match.group(1)), duration, errors)
 
 
-def _python_load(port: int, seconds: float, connections: int) -> Load:
+def _python_load(port: int, seconds: float, connections: int, users: int = USERS) -> Load:
     """Fallback generator: ``connections`` threads, one request per connection (like
     gunicorn's sync workers want), stopped after ``seconds``."""
     deadline = time.monotonic() + seconds
@@ -115,7 +118,7 @@ def _python_load(port: int, seconds: float, connections: int) -> Load:
         while time.monotonic() < deadline:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             try:
-                conn.request("GET", PATH, headers={USER_HEADER: f"user{rng.randrange(10000)}"})
+                conn.request("GET", PATH, headers={USER_HEADER: f"user{rng.randrange(users)}"})
                 response = conn.getresponse()
                 response.read()
                 if response.status == 200:
@@ -137,11 +140,19 @@ def _python_load(port: int, seconds: float, connections: int) -> Load:
 
 
 def measure(
-    redis_url: str, rounds: int, seconds: float, connections: int = 16, seed: int = 3
+    redis_url: str,
+    rounds: int,
+    seconds: float,
+    connections: int = 16,
+    seed: int = 3,
+    *,
+    servers: dict[str, dict[str, str]] | None = None,
+    users: int = USERS,
 ) -> tuple[dict[str, Throughput], str]:
     load = _wrk if shutil.which("wrk") else _python_load
     generator = "wrk" if load is _wrk else "python threads (wrk not installed)"
-    results = {name: Throughput(name) for name in SERVERS}
+    chosen = SERVERS if servers is None else servers
+    results = {name: Throughput(name) for name in chosen}
     client = redis.Redis.from_url(redis_url)
     redis_pid = int(client.info("server")["process_id"])
     client.close()
@@ -150,18 +161,18 @@ def measure(
             name: stack.enter_context(
                 gunicorn(APP_SPEC, {**env, "BENCH_REDIS_URL": redis_url}, workers=4)
             )
-            for name, env in SERVERS.items()
+            for name, env in chosen.items()
         }
         for server in servers.values():  # warm up: imports, connections, scripts
-            load(server.port, 1.0, 4)
+            load(server.port, 1.0, 4, users)
         rng = random.Random(seed)
-        order = list(SERVERS)
+        order = list(chosen)
         for _ in range(rounds):
             rng.shuffle(order)
             for name in order:
                 server = servers[name]
                 before = _cpu(server.pid, redis_pid)
-                run = load(server.port, seconds, connections)
+                run = load(server.port, seconds, connections, users)
                 after = _cpu(server.pid, redis_pid)
                 run.cpu = {k: (after[k] - before[k]) * 1e6 / run.requests for k in after}
                 results[name].runs.append(run)

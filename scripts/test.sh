@@ -8,8 +8,8 @@
 # in fresh venvs) and the Chromium ones included, but for the few marked ``quiet``
 # (they bound wall-clock latencies), which run alone after. Then nox runs in fresh
 # venvs what differs on the other supported Pythons and at both ends of every
-# dependency range (sessions lowest and latest; noxfile.py says what each runs);
-# their venvs are installed in the background during the main run. Extra
+# dependency range (sessions lowest and latest; noxfile.py says what each runs),
+# in venvs uv makes in seconds. Extra
 # arguments go to both main pytest runs. With CI=true a missing PostgreSQL,
 # MariaDB, Valkey or Python is an error, never a skip.
 set -euo pipefail
@@ -36,9 +36,11 @@ stamp=.venv/.test-install-stamp
 wanted="$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1) test"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ] \
    || ! .venv/bin/python -c 'import importlib.metadata as m
-for name in ("flask-quota", "nox", "pytest-xdist"): m.version(name)' 2>/dev/null; then
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[test]'
+for name in ("flask-quota", "nox", "pytest-xdist", "uv"): m.version(name)' 2>/dev/null; then
+  # uv installs the test extra in seconds where pip takes minutes (and it makes the
+  # nox venvs below); pip only fetches uv itself.
+  .venv/bin/python -m pip install -q --upgrade pip 'uv>=0.5'
+  .venv/bin/uv pip install -q --python .venv/bin/python -e '.[test]'
   echo "$wanted" > "$stamp"
 fi
 
@@ -69,22 +71,12 @@ sessions = json.load(sys.stdin)
 taken = {s["python"] for s in sessions if s["name"] != "tests"} | {sys.argv[1]}
 print(" ".join(s["session"] for s in sessions if s["name"] != "tests" or s["python"] not in taken))
 ' "$main")
-# Their venvs are installed meanwhile, in the background: pip mostly waits on the
-# index and the disk (~80 s a session, ~20 s of it CPU), so it costs the main run little.
-nox_log=$(mktemp -t quota-nox-install.XXXXXX)
-# shellcheck disable=SC2086  # one argument per session
-.venv/bin/nox --install-only -s $sessions >"$nox_log" 2>&1 &
-nox_install=$!
-trap 'kill "$nox_install" 2>/dev/null || true; rm -f "$nox_log"' EXIT
 
 echo "== ruff"; .venv/bin/ruff check .
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest: every test but the quiet ones, two processes ($(.venv/bin/python -V))"
 # The 25 slowest, so a slower run says where its time went.
 .venv/bin/python -m pytest -m "not quiet" -n 2 --durations=25 "$@"
-echo "== nox: installing $sessions (in the background since the start)"
-if ! wait "$nox_install"; then cat "$nox_log" >&2; echo "!!! nox --install-only failed" >&2; exit 1; fi
-grep -E '^nox > (Skipping|Session .* (was successful|failed|skipped))' "$nox_log" || true
 echo "== pytest: the quiet tests (they bound wall-clock latencies), one at a time"
 .venv/bin/python -m pytest -m quiet "$@"
 echo "== main run: $((SECONDS - started)) s"
@@ -92,5 +84,5 @@ echo "== main run: $((SECONDS - started)) s"
 echo "== nox: $sessions"
 nox_started=$SECONDS
 # shellcheck disable=SC2086  # one argument per session
-.venv/bin/nox -R -s $sessions -- -q
+.venv/bin/nox -s $sessions -- -q
 echo "== nox: $((SECONDS - nox_started)) s; total $((SECONDS - started)) s"
