@@ -227,12 +227,13 @@ class Prefetch:
             # bucket had left at its last answer (such a take would only be refused).
             gap = known.gap
             uses = int(self.horizon / gap) * check.cost if gap > 0 else known.size
-            size = min(known.size, uses, _power_below(known.remaining - check.cost))
+            # Powers of two: few distinct costs, so few request shapes to encode.
+            size = _power_below(min(known.size, uses, known.remaining - check.cost))
             if size <= 0:
                 continue
             extra[i] = size
             if check.algorithm is Algorithm.TOKEN_BUCKET:
-                guards[i] = _guard(check, known, size, gap)
+                guards[i] = _power_below(_guard(check, known, size, gap))
         return extra, guards, refunds
 
     def _keep(
@@ -358,6 +359,12 @@ class Prefetch:
     def __len__(self) -> int:
         return len(self._shares)
 
+    def held(self) -> dict[str, int]:
+        """The units this worker holds now, per bucket key (shares not yet expired)."""
+        now = self._clock()
+        with self._lock:
+            return {k: s.left for k, s in self._shares.items() if s.left and s.deadline > now}
+
 
 def _prefetchable(checks: Sequence[Check]) -> bool:
     """True when shares may decide the request: only block gates and non-shadow token
@@ -399,6 +406,5 @@ def _reset(check: Check, share: _Share) -> int:
 
 
 def _power_below(n: int) -> int:
-    """The largest power of two <= ``n`` (0 when ``n < 1``): sizes stay few, so the
-    storage's cached request shapes do."""
+    """The largest power of two <= ``n`` (0 when ``n < 1``)."""
     return 1 << (n.bit_length() - 1) if n >= 1 else 0
