@@ -145,6 +145,8 @@ class Quota:
             # each expires within the sync interval anyway (storage/prefetch.py).
             storage = Prefetch(storage, fraction=settings.prefetch, horizon=settings.sync_interval)
             sql.on_change(storage.forget)
+            if metrics is not None:
+                storage.on_hit = metrics.prefetch_hit
         if self._storage is None and settings.deny_cache and storage.name != "memory":
             storage = DenyCache(storage)  # a flood of denials stays off Redis
             # A reset, an unblock or a plan change anywhere bumps the SQL version:

@@ -31,7 +31,9 @@ an identity, an address or a key.
 is down). ``flask_quota_breaker_open`` is 1 while a worker's circuit breaker is
 open; under several workers it is the highest among live workers (multiprocess
 mode ``livemax``), so 1 means "at least one worker is failing over".
-``flask_quota_deny_cache_hits_total`` counts decisions the deny cache answered.
+``flask_quota_deny_cache_hits_total`` counts decisions the deny cache answered,
+``flask_quota_prefetch_hits_total`` those answered from a worker's prefetched
+shares (``QUOTA_PREFETCH``): neither asked the storage.
 ``flask_quota_near_limit_total{tier,resource,plan}`` counts the requests that
 took a bucket across ``QUOTA_NEAR_LIMIT`` (once per crossing, as
 ``signals.quota_near_limit``).
@@ -137,6 +139,11 @@ class QuotaMetrics:
             "Decisions answered by the local deny cache without the storage.",
             registry=self.registry,
         )
+        self.prefetch_hits = Counter(
+            "flask_quota_prefetch_hits",
+            "Decisions answered from this worker's prefetched shares without the storage.",
+            registry=self.registry,
+        )
         self.near_limits = Counter(
             "flask_quota_near_limit",
             "Requests that took a bucket across QUOTA_NEAR_LIMIT, once per crossing.",
@@ -213,6 +220,10 @@ class QuotaMetrics:
     def deny_cache_hit(self) -> None:
         """The deny cache's ``on_hit``."""
         self.deny_cache_hits.inc()
+
+    def prefetch_hit(self) -> None:
+        """The prefetch layer's ``on_hit``."""
+        self.prefetch_hits.inc()
 
     # -- exposition ----------------------------------------------------------------
 

@@ -202,3 +202,20 @@ def test_prefetch_values_that_are_accepted(value: object) -> None:
     app = Flask(__name__)
     app.config.update(QUOTA_PREFETCH=value, QUOTA_DATABASE_URL="sqlite://")
     Quota(app)
+
+
+def test_metrics_count_the_decisions_answered_from_shares(redis_url: str) -> None:
+    app, _ = make_app(redis_url, QUOTA_METRICS_URL="/metrics")
+    client = app.test_client()
+    for _ in range(100):
+        assert client.get("/ping").status_code == 200
+    prefetch = app.extensions["quota"].storage.storage
+    assert isinstance(prefetch, Prefetch) and prefetch.local > 0
+    text = client.get("/metrics").get_data(as_text=True)
+    line = next(x for x in text.splitlines() if x.startswith("flask_quota_prefetch_hits_total"))
+    assert float(line.split()[-1]) == prefetch.local
+    decided = [
+        x for x in text.splitlines()
+        if x.startswith("flask_quota_decisions_total") and 'tier="user"' in x
+    ]  # fmt: skip
+    assert sum(float(x.split()[-1]) for x in decided) == 100  # counted like any decision

@@ -90,7 +90,11 @@ class _Share:
 class Prefetch:
     """Wraps a ``Storage``: decides a request from this worker's shares when every
     check of it has one that covers its cost, otherwise in storage, taking new
-    shares in the same call. All-or-nothing across the checks either way."""
+    shares in the same call. All-or-nothing across the checks either way.
+    ``on_hit()``, when set, is called for every decision answered from shares (the
+    metrics count them)."""
+
+    on_hit: Callable[[], None] | None = None
 
     def __init__(
         self,
@@ -133,7 +137,11 @@ class Prefetch:
             local = self._spend(checks, keys, now)
             if local is not None:
                 self.local += 1
-                return local
+        if local is not None:
+            if self.on_hit is not None:
+                self.on_hit()
+            return local
+        with self._lock:
             extra, guards, refunds = self._asks(checks, keys, now)
         for unspent, charged_at_us in refunds:
             self._give_back(unspent, charged_at_us)
