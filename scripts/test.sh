@@ -62,8 +62,8 @@ sql_server PostgreSQL QUOTA_TEST_DATABASE_URL scripts/postgres.sh
 sql_server MariaDB QUOTA_TEST_MYSQL_URL scripts/mariadb.sh
 
 started=$SECONDS
-# nox: every session but the one the main run is (tests on this Python); lowest and
-# latest run on Pythons of their own.
+# nox: lowest (on 3.12) and latest (on 3.13), and a tests-3.X session for any Python
+# that neither they nor the main run cover (none when the main run is on 3.11).
 main=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 sessions=$(.venv/bin/nox -l --json | .venv/bin/python -c '
 import json, sys

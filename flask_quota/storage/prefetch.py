@@ -116,6 +116,7 @@ class Prefetch:
         self._lock = threading.Lock()
         self._shares: dict[str, _Share] = {}
         self._gates: dict[str, float] = {}  # block key -> "not blocked" trusted until
+        self._seen: dict[str, float] = {}  # bucket key -> its one request so far, when
         self._forgot_at = float("-inf")  # a take asked for before this is not kept
         # (id(checks), costs) -> (checks, the same checks with those costs)
         self._shapes: Generations[tuple[int, tuple[int, ...]], tuple[object, tuple[Check, ...]]]
@@ -256,6 +257,7 @@ class Prefetch:
         reply then counts each share as the caller's (approximate headers). A denied
         call takes nothing: it only tells the buckets' room (the next shares' bound)."""
         now_us, allowed = reply.now_us, reply.all_allowed
+        took = allowed and any(extra)
         with self._lock:
             if sent < self._forgot_at:
                 return  # asked before a reset or plan change: what it took is dropped
@@ -263,15 +265,24 @@ class Prefetch:
                 self._prune(sent)
             for i, (check, key) in enumerate(zip(checks, keys, strict=True)):
                 if check.algorithm is Gate.BLOCK:
-                    if allowed:
+                    # Trusted only where shares may be spent: not for every cold caller.
+                    if allowed and (took or key in self._gates):
                         self._gates[key] = sent + self.horizon
                     continue
                 remaining, reset_us = reply.remaining(i), reply.reset_us(i)
                 known = self._shares.get(key)
                 if known is None or known.rate != check.rate:
+                    # A bucket is known from its second request within the horizon on:
+                    # the first costs one dict entry, so cold callers stay cheap.
+                    first = self._seen.pop(key, None)
+                    if first is None or sent - first > self.horizon:
+                        if len(self._seen) >= self._max_keys:
+                            self._seen.clear()
+                        self._seen[key] = sent
+                        continue
                     known = self._shares[key] = _Share(
                         check.rate, 0, 0, sent, remaining, reset_us, now_us, sent,
-                        self._max(check), sent, self.horizon,
+                        self._max(check), sent, sent - first,
                     )  # fmt: skip
                 known.remaining, known.reset_us, known.now_us, known.sent = (
                     remaining, reset_us, now_us, sent,
@@ -330,6 +341,7 @@ class Prefetch:
             else:
                 self._shares.clear()
                 self._gates.clear()
+                self._seen.clear()
                 self._forgot_at = self._clock()
 
     def clear(self, keys: Sequence[str]) -> None:
