@@ -219,3 +219,18 @@ def test_metrics_count_the_decisions_answered_from_shares(redis_url: str) -> Non
         if x.startswith("flask_quota_decisions_total") and 'tier="user"' in x
     ]  # fmt: skip
     assert sum(float(x.split()[-1]) for x in decided) == 100  # counted like any decision
+
+
+def test_on_a_cluster_shares_span_slots_and_the_limit_holds(cluster: Any) -> None:
+    """The caller's tiers sit in two slots (its address's and its identity's): a share
+    taken in one call that one slot refuses is refunded in the other (all-or-nothing),
+    and the limit holds as on one node."""
+    from tests.test_cluster import master_calls
+
+    app, _ = make_app(cluster.url)
+    client = app.test_client()
+    before = master_calls(cluster)
+    assert [client.get("/ping").status_code for _ in range(200)] == [200] * 200
+    assert master_calls(cluster) - before < 200 * 0.3
+    statuses = [client.get("/small").status_code for _ in range(80)]
+    assert 36 <= statuses.count(200) <= 40, statuses
