@@ -1,0 +1,244 @@
+"""How many decisions one Redis core sustains: ``python -m bench.capacity``.
+
+Not part of a run. On a redis-server of its own (``env.redis_server``):
+
+* **measured**: ``--processes`` client processes (default 8) each send the real
+  decide call of a three-tier token-bucket request (``redis_side.decision_calls
+  ("tb-3")``: 1,000 callers' checks and keys, encoded by ``RedisStorage``'s own
+  ``pack``, so the bytes are what the request path sends: an ``FCALL``), pipelined
+  ``--pipeline`` calls at a time (default 50), for ``--seconds`` (default 10). The
+  server's CPU is ``INFO cpu`` (``used_cpu_sys`` + ``used_cpu_user``) read before the
+  clients start and after the last has finished; every reply is checked (a denied
+  or failed decision is counted and reported). Printed: decisions per second, redis
+  CPU microseconds per decision and decisions per redis CPU second (= per fully
+  used core: the server runs commands on one thread). The floor script
+  (``compare.FLOOR_SCRIPT``, 3 ``GET`` + 3 ``SET PX`` on the same keys, an
+  ``EVALSHA``) is driven the same way. Rounds alternate the two (``--rounds``,
+  default 3); the database is flushed between runs (the floor writes the keys the
+  decide call reads);
+* **cross-check** (skipped with ``--no-instructions``): ``redis_side``'s
+  instructions per decision of both (callgrind, ``decision_instructions``). The
+  floor's count over its measured CPU per call gives the instructions one core of
+  this machine runs per second in redis-server (as callgrind counts them: reading,
+  running and answering calls); at that rate the decide call's count predicts its
+  decisions per core;
+* **prefetch**: with ``QUOTA_PREFETCH`` the storage sees fewer calls.
+  ``bench.prefetch``'s simulation (60 s, seed 1, ``QUOTA_PREFETCH=0.05``) gives the
+  storage calls per request of busy callers at their limit (token bucket
+  ``6000/minute``, traffic 1x); callers whose buckets are cold make one call per
+  request, prefetch or not. Requests per core = decisions per core / calls per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import queue
+import socket
+import statistics
+import sys
+import time
+from multiprocessing.synchronize import Event
+from typing import Any
+
+import redis
+
+from flask_quota.storage.redis import RedisStorage
+
+from .compare import FLOOR_SCRIPT
+from .env import machine, redis_server
+from .prefetch import CASES as PREFETCH_CASES
+from .prefetch import run as prefetch_run
+from .redis_side import decision_calls, decision_instructions
+
+CALLS = ("decide", "floor")
+# gunicorn (4 sync workers) serving flask-quota, three tiers, Redis, on this machine:
+# README's Benchmarks table (bench/results.md, 2026-11-30 19:34 UTC).
+APP_SERVER_RPS = 3222
+BUSY_CASE = "token_bucket 6000/minute, traffic 1x the limit"
+
+
+def packed_calls(kind: str, url: str) -> list[bytes]:
+    """The RESP bytes of 1,000 callers' calls of ``kind`` (see the module doc)."""
+    client = redis.Redis.from_url(url)
+    calls = decision_calls("tb-3")
+    if kind == "floor":
+        sha = client.script_load(FLOOR_SCRIPT)
+        conn = client.connection_pool.make_connection()
+        return [
+            b"".join(conn.pack_command("EVALSHA", sha, 3, *keys[1:], 1, 5)) for _, keys in calls
+        ]
+    storage = RedisStorage(client)
+    storage.decide_flat(*calls[0])  # loads the library: the calls below are FCALLs
+    packed = [storage._decide.pack("decide", b"", checks, keys) for checks, keys in calls]
+    storage.close()
+    return packed
+
+
+def drive(kind: str, url: str, pipeline: int, offset: int, ready: Any, go: Event,
+          stop: Event, out: Any) -> None:  # fmt: skip
+    """One client process: pipelines of ``pipeline`` calls until ``stop``; puts
+    (calls answered, calls not allowed or failed) on ``out``. A raw socket and
+    hiredis's reader, so that the clients, sharing the machine with the server, spend
+    as little CPU as they can per call."""
+    import hiredis  # flask-quota[hiredis], which bench/run.sh installs
+
+    packed = packed_calls(kind, url)
+    packed = packed[offset:] + packed[:offset]  # each process starts at other callers
+    batches = [
+        (b"".join(packed[i : i + pipeline]), len(packed[i : i + pipeline]))
+        for i in range(0, len(packed), pipeline)
+    ]
+    address = redis.Redis.from_url(url).connection_pool.connection_kwargs
+    sock = socket.create_connection((address["host"], address["port"]))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    reader = hiredis.Reader()
+    done = bad = 0
+    ready.put(1)
+    go.wait()
+    while not stop.is_set():
+        for batch, size in batches:
+            sock.sendall(batch)
+            got = 0
+            while got < size:
+                reader.feed(sock.recv(1 << 20))
+                reply = reader.gets()
+                while reply is not False:
+                    got += 1
+                    if kind == "decide":
+                        bad += not isinstance(reply, list) or reply[1] != 1
+                    else:
+                        bad += reply != 1
+                    reply = reader.gets()
+            done += size
+            if stop.is_set():
+                break
+    sock.close()
+    out.put((done, bad))
+
+
+def redis_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def measure(kind: str, url: str, processes: int, pipeline: int, seconds: float) -> dict[str, float]:
+    """One run of ``kind``: decisions per second, CPU per decision, per core."""
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Queue(), ctx.Queue()
+    go, stop = ctx.Event(), ctx.Event()
+    workers = [
+        ctx.Process(target=drive, args=(kind, url, pipeline, i * 1000 // processes, ready, go,
+                                        stop, out))
+        for i in range(processes)
+    ]  # fmt: skip
+    for w in workers:
+        w.start()
+    for _ in workers:
+        ready.get(timeout=120)  # each has its calls packed and its connection open
+    client = redis.Redis.from_url(url)
+    cpu, wall = redis_cpu(client), time.perf_counter()
+    go.set()
+    time.sleep(seconds)
+    stop.set()
+    results = []
+    while len(results) < len(workers):  # the last call answered: the clock stops here
+        try:
+            results.append(out.get(timeout=1))
+        except queue.Empty:
+            failed = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+            if failed:
+                raise RuntimeError(f"client process(es) failed: exit codes {failed}") from None
+    wall, cpu = time.perf_counter() - wall, redis_cpu(client) - cpu
+    for w in workers:
+        w.join()
+    client.flushall()
+    client.close()
+    done = sum(r[0] for r in results)
+    return {
+        "calls": done,
+        "bad": sum(r[1] for r in results),
+        "wall": wall,
+        "cpu": cpu,
+        "per_second": done / wall,
+        "cpu_us": cpu / done * 1e6,
+        "per_core": done / cpu,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__)
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--pipeline", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-instructions", action="store_true", help="skip the callgrind counts")
+    args = parser.parse_args(argv)
+    info = machine()
+    load = info["load average at start"]
+    print(f"{info['date']}, {info['nproc']} cores ({info['cpu']}), redis-server "
+          f"{info['redis-server']}, load average at start {load}")  # fmt: skip
+    print(f"{args.processes} processes x pipeline of {args.pipeline}, {args.seconds:g} s per run, "
+          f"{args.rounds} rounds")  # fmt: skip
+    print()
+    runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in CALLS}
+    with redis_server() as url:
+        for r in range(args.rounds):
+            for kind in CALLS:
+                m = measure(kind, url, args.processes, args.pipeline, args.seconds)
+                runs[kind].append(m)
+                print(f"round {r + 1}, {kind}: {m['calls']:,.0f} calls in {m['wall']:.2f} s = "
+                      f"{m['per_second']:,.0f}/s, redis CPU {m['cpu']:.2f} s "
+                      f"({m['cpu'] / m['wall']:.0%} of a core) = {m['cpu_us']:.2f} us per call "
+                      f"= {m['per_core']:,.0f} per redis CPU second; not allowed or failed: "
+                      f"{m['bad']:,.0f}", flush=True)  # fmt: skip
+    median = {
+        kind: {k: statistics.median(m[k] for m in ms) for k in ms[0]} for kind, ms in runs.items()
+    }
+    print()
+    print(f"median of {args.rounds} rounds:")
+    print()
+    print("| call | calls per second | redis CPU per call | calls per fully used redis core |")
+    print("|---|---:|---:|---:|")
+    for kind, m in median.items():
+        print(f"| {kind} | {m['per_second']:,.0f} | {m['cpu_us']:.2f} us | {m['per_core']:,.0f} |")
+    per_core = median["decide"]["per_core"]
+    if not args.no_instructions:
+        counts = dict(decision_instructions(["floor", "tb-3"]))
+        ips = counts["floor"] * median["floor"]["per_core"]
+        print()
+        print(f"callgrind, redis-server instructions per call: floor {counts['floor']:,.0f}, "
+              f"decide (tb-3) {counts['tb-3']:,.0f}")  # fmt: skip
+        print(f"the floor's instructions x its calls per redis CPU second = {ips / 1e9:.3f} G "
+              f"instructions per second of one core")  # fmt: skip
+        print(f"at that rate, decide: {ips / counts['tb-3']:,.0f} decisions per core "
+              f"(measured: {per_core:,.0f}; the decide call's own rate: "
+              f"{counts['tb-3'] * per_core / 1e9:.3f} G instructions per second)")  # fmt: skip
+    busy = next(c for c in PREFETCH_CASES if c.name == BUSY_CASE)
+    got, calls, n = prefetch_run(busy, 60.0, 0.05, 1)
+    exact, exact_calls, _ = prefetch_run(busy, 60.0, None, 1)
+    busy_calls = calls / n
+    print()
+    print(f"bench.prefetch, {BUSY_CASE}, 60 s, QUOTA_PREFETCH=0.05: storage calls per "
+          f"request {exact_calls / n:.3f} exact, {busy_calls:.3f} with prefetch "
+          f"(admitted {got:,} of the exact {exact:,})")  # fmt: skip
+    print()
+    print(f"requests per second one Redis core takes, and app servers at {APP_SERVER_RPS} "
+          "req/s each (gunicorn, 4 workers, flask-quota on Redis, README's Benchmarks "
+          "table):")  # fmt: skip
+    print()
+    print("| traffic | storage calls per request | requests per Redis core | app servers |")
+    print("|---|---:|---:|---:|")
+    rows = [
+        ("no prefetch (any traffic)", 1.0),
+        ("prefetch, 10,000 cold callers", 1.0),
+        ("prefetch, busy callers at their limit", busy_calls),
+    ]
+    for name, per_request in rows:
+        rps = per_core / per_request
+        print(f"| {name} | {per_request:.3f} | {rps:,.0f} | {rps / APP_SERVER_RPS:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
