@@ -6,26 +6,29 @@ Not part of a run. On a redis-server of its own (``env.redis_server``):
   decide call of a three-tier token-bucket request (``redis_side.decision_calls
   ("tb-3")``: 1,000 callers' checks and keys, encoded by ``RedisStorage``'s own
   ``pack``, so the bytes are what the request path sends: an ``FCALL``), pipelined
-  ``--pipeline`` calls at a time (default 50), for ``--seconds`` (default 10). The
+  ``--pipeline`` calls at a time, for ``--seconds`` (default 10): by default 50 (the
+  script's cost, the server's per-read work shared by 50 calls) and 1 (one call per
+  round trip, as a request sends it: each call pays its own read, write and wake-up). The
   server's CPU is ``INFO cpu`` (``used_cpu_sys`` + ``used_cpu_user``) read before the
   clients start and after the last has finished; every reply is checked (a denied
   or failed decision is counted and reported). Printed: decisions per second, redis
   CPU microseconds per decision and decisions per redis CPU second (= per fully
   used core: the server runs commands on one thread). The floor script
   (``compare.FLOOR_SCRIPT``, 3 ``GET`` + 3 ``SET PX`` on the same keys, an
-  ``EVALSHA``) is driven the same way. Rounds alternate the two (``--rounds``,
-  default 3); the database is flushed between runs (the floor writes the keys the
-  decide call reads);
+  ``EVALSHA``) is driven the same way. Rounds alternate every setup (``--rounds``,
+  default 3; medians printed); the database is flushed between runs (the floor writes
+  the keys the decide call reads);
 * **cross-check** (skipped with ``--no-instructions``): ``redis_side``'s
   instructions per decision of both (callgrind, ``decision_instructions``). The
   floor's count over its measured CPU per call gives the instructions one core of
   this machine runs per second in redis-server (as callgrind counts them: reading,
-  running and answering calls); at that rate the decide call's count predicts its
-  decisions per core;
+  running and answering calls; the kernel's side of a call is not counted but takes
+  CPU, so the rate is per pipeline size); at that rate the decide call's count
+  predicts its decisions per core;
 * **prefetch**: with ``QUOTA_PREFETCH`` the storage sees fewer calls.
   ``bench.prefetch``'s simulation (60 s, seed 1, ``QUOTA_PREFETCH=0.05``) gives the
   storage calls per request of busy callers at their limit (token bucket
-  ``6000/minute``, traffic 1x); callers whose buckets are cold make one call per
+  ``6000/minute`` and ``600/minute``, traffic 1x); callers whose buckets are cold make one call per
   request, prefetch or not. Requests per core = decisions per core / calls per request.
 """
 
@@ -55,7 +58,12 @@ CALLS = ("decide", "floor")
 # gunicorn (4 sync workers) serving flask-quota, three tiers, Redis, on this machine:
 # README's Benchmarks table (bench/results.md, 2026-11-30 19:34 UTC).
 APP_SERVER_RPS = 3222
-BUSY_CASE = "token_bucket 6000/minute, traffic 1x the limit"
+# Busy callers at their limit, bench.prefetch's cases (a limit well above a share, and
+# one where a share is a few units).
+BUSY_CASES = (
+    "token_bucket 6000/minute, traffic 1x the limit",
+    "token_bucket 600/minute, traffic 1x the limit",
+)
 
 
 def packed_calls(kind: str, url: str) -> list[bytes]:
@@ -169,7 +177,11 @@ def measure(kind: str, url: str, processes: int, pipeline: int, seconds: float) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__)
     parser.add_argument("--processes", type=int, default=8)
-    parser.add_argument("--pipeline", type=int, default=50)
+    parser.add_argument(
+        "--pipeline", type=int, nargs="+", default=[50, 1],
+        help="calls per round trip; each is measured (1: one call per round trip, as a "
+        "request makes it)",
+    )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-instructions", action="store_true", help="skip the callgrind counts")
@@ -178,65 +190,77 @@ def main(argv: list[str] | None = None) -> int:
     load = info["load average at start"]
     print(f"{info['date']}, {info['nproc']} cores ({info['cpu']}), redis-server "
           f"{info['redis-server']}, load average at start {load}")  # fmt: skip
-    print(f"{args.processes} processes x pipeline of {args.pipeline}, {args.seconds:g} s per run, "
-          f"{args.rounds} rounds")  # fmt: skip
+    print(f"{args.processes} processes, pipelines of {args.pipeline}, {args.seconds:g} s per "
+          f"run, {args.rounds} rounds")  # fmt: skip
     print()
-    runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in CALLS}
+    setups = [(kind, pipeline) for pipeline in args.pipeline for kind in CALLS]
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {setup: [] for setup in setups}
     with redis_server() as url:
         for r in range(args.rounds):
-            for kind in CALLS:
-                m = measure(kind, url, args.processes, args.pipeline, args.seconds)
-                runs[kind].append(m)
-                print(f"round {r + 1}, {kind}: {m['calls']:,.0f} calls in {m['wall']:.2f} s = "
-                      f"{m['per_second']:,.0f}/s, redis CPU {m['cpu']:.2f} s "
+            for kind, pipeline in setups:
+                m = measure(kind, url, args.processes, pipeline, args.seconds)
+                runs[kind, pipeline].append(m)
+                print(f"round {r + 1}, {kind}, pipeline {pipeline}: {m['calls']:,.0f} calls in "
+                      f"{m['wall']:.2f} s = {m['per_second']:,.0f}/s, redis CPU {m['cpu']:.2f} s "
                       f"({m['cpu'] / m['wall']:.0%} of a core) = {m['cpu_us']:.2f} us per call "
                       f"= {m['per_core']:,.0f} per redis CPU second; not allowed or failed: "
                       f"{m['bad']:,.0f}", flush=True)  # fmt: skip
     median = {
-        kind: {k: statistics.median(m[k] for m in ms) for k in ms[0]} for kind, ms in runs.items()
+        setup: {k: statistics.median(m[k] for m in ms) for k in ms[0]} for setup, ms in runs.items()
     }
     print()
     print(f"median of {args.rounds} rounds:")
     print()
-    print("| call | calls per second | redis CPU per call | calls per fully used redis core |")
-    print("|---|---:|---:|---:|")
-    for kind, m in median.items():
-        print(f"| {kind} | {m['per_second']:,.0f} | {m['cpu_us']:.2f} us | {m['per_core']:,.0f} |")
-    per_core = median["decide"]["per_core"]
+    print("| call | calls per round trip | calls per second | redis CPU per call "
+          "| calls per fully used redis core |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|")
+    for (kind, pipeline), m in median.items():
+        print(f"| {kind} | {pipeline} | {m['per_second']:,.0f} | {m['cpu_us']:.2f} us "
+              f"| {m['per_core']:,.0f} |")  # fmt: skip
     if not args.no_instructions:
         counts = dict(decision_instructions(["floor", "tb-3"]))
-        ips = counts["floor"] * median["floor"]["per_core"]
         print()
-        print(f"callgrind, redis-server instructions per call: floor {counts['floor']:,.0f}, "
-              f"decide (tb-3) {counts['tb-3']:,.0f}")  # fmt: skip
-        print(f"the floor's instructions x its calls per redis CPU second = {ips / 1e9:.3f} G "
-              f"instructions per second of one core")  # fmt: skip
-        print(f"at that rate, decide: {ips / counts['tb-3']:,.0f} decisions per core "
-              f"(measured: {per_core:,.0f}; the decide call's own rate: "
-              f"{counts['tb-3'] * per_core / 1e9:.3f} G instructions per second)")  # fmt: skip
-    busy = next(c for c in PREFETCH_CASES if c.name == BUSY_CASE)
-    got, calls, n = prefetch_run(busy, 60.0, 0.05, 1)
-    exact, exact_calls, _ = prefetch_run(busy, 60.0, None, 1)
-    busy_calls = calls / n
+        floor, decide = counts["floor"], counts["tb-3"]
+        print(f"callgrind (redis_side.decision_instructions), redis-server instructions per "
+              f"call: floor {floor:,.0f}, decide (tb-3) {decide:,.0f}")  # fmt: skip
+        for pipeline in args.pipeline:
+            ips = counts["floor"] * median["floor", pipeline]["per_core"]
+            per_core = median["decide", pipeline]["per_core"]
+            print(f"pipeline {pipeline}: the floor's count x its calls per redis CPU second = "
+                  f"{ips / 1e9:.3f} G counted instructions per second of one core; at that "
+                  f"rate decide would do {ips / counts['tb-3']:,.0f} per core (measured: "
+                  f"{per_core:,.0f}, i.e. {counts['tb-3'] * per_core / 1e9:.3f} G counted "
+                  "instructions per second)")  # fmt: skip
+    busy: list[tuple[str, float]] = []
     print()
-    print(f"bench.prefetch, {BUSY_CASE}, 60 s, QUOTA_PREFETCH=0.05: storage calls per "
-          f"request {exact_calls / n:.3f} exact, {busy_calls:.3f} with prefetch "
-          f"(admitted {got:,} of the exact {exact:,})")  # fmt: skip
+    for name in BUSY_CASES:
+        case = next(c for c in PREFETCH_CASES if c.name == name)
+        got, calls, n = prefetch_run(case, 60.0, 0.05, 1)
+        exact, exact_calls, _ = prefetch_run(case, 60.0, None, 1)
+        busy.append((name, calls / n))
+        print(f"bench.prefetch, {name}, 60 s, QUOTA_PREFETCH=0.05: storage calls per "
+              f"request {exact_calls / n:.3f} exact, {calls / n:.3f} with prefetch "
+              f"(admitted {got:,} of the exact {exact:,})")  # fmt: skip
     print()
     print(f"requests per second one Redis core takes, and app servers at {APP_SERVER_RPS} "
           "req/s each (gunicorn, 4 workers, flask-quota on Redis, README's Benchmarks "
-          "table):")  # fmt: skip
+          "table), by calls per round trip:")  # fmt: skip
     print()
-    print("| traffic | storage calls per request | requests per Redis core | app servers |")
-    print("|---|---:|---:|---:|")
+    print("| traffic | storage calls per request | "
+          + " | ".join(f"pipeline {p}: requests per core | app servers" for p in args.pipeline)
+          + " |")  # fmt: skip
+    print("|---|---:|" + "---:|---:|" * len(args.pipeline))
     rows = [
         ("no prefetch (any traffic)", 1.0),
         ("prefetch, 10,000 cold callers", 1.0),
-        ("prefetch, busy callers at their limit", busy_calls),
+        *((f"prefetch, busy callers at their limit ({name.split(',')[0]})", c) for name, c in busy),
     ]
     for name, per_request in rows:
-        rps = per_core / per_request
-        print(f"| {name} | {per_request:.3f} | {rps:,.0f} | {rps / APP_SERVER_RPS:.1f} |")
+        cells = []
+        for pipeline in args.pipeline:
+            rps = median["decide", pipeline]["per_core"] / per_request
+            cells.append(f"{rps:,.0f} | {rps / APP_SERVER_RPS:.1f}")
+        print(f"| {name} | {per_request:.3f} | " + " | ".join(cells) + " |")
     return 0
 
 
