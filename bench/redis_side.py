@@ -116,7 +116,7 @@ def decision_calls(name: str) -> list[tuple[Any, list[str]]]:
     resources = {"res": "1000000/month" if extra == "calendar" else rate} if tiers > 2 else {}
     plan = Plan("b", global_rate=rate, user_rate=rate if tiers > 1 else None,
                 resources=resources, tenant_rate=rate if extra == "tenant" else None,
-                concurrent=1000000 if extra == "lease" else None)  # fmt: skip
+                concurrent=100_000 if extra == "lease" else None)  # fmt: skip
     policy = Policy(KeyBuilder("rs"), algorithm)
     route = build_route(policy, plan, method="GET", spec=LimitSpec(None, "res", 1),
                         resource="res", cost=1, tenant=extra == "tenant")  # fmt: skip
