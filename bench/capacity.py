@@ -24,7 +24,9 @@ Not part of a run. On a redis-server of its own (``env.redis_server``):
   this machine runs per second in redis-server (as callgrind counts them: reading,
   running and answering calls; the kernel's side of a call is not counted but takes
   CPU, so the rate is per pipeline size); at that rate the decide call's count
-  predicts its decisions per core;
+  predicts its decisions per core. Then the two together: the decide call's
+  instructions over the floor's, for its CPU over the floor's, give the rate of the
+  instructions alone and what a call costs besides them (per pipeline size);
 * **prefetch**: with ``QUOTA_PREFETCH`` the storage sees fewer calls.
   ``bench.prefetch``'s simulation (60 s, seed 1, ``QUOTA_PREFETCH=0.05``) gives the
   storage calls per request of busy callers at their limit (token bucket
@@ -231,6 +233,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"rate decide would do {ips / counts['tb-3']:,.0f} per core (measured: "
                   f"{per_core:,.0f}, i.e. {counts['tb-3'] * per_core / 1e9:.3f} G counted "
                   "instructions per second)")  # fmt: skip
+        # Two calls, one machine: a call costs a fixed part per call (the event loop, the
+        # kernel's side of reading and answering: callgrind counts neither) plus its
+        # counted instructions at some rate. The decide call's instructions over the
+        # floor's, against its CPU over the floor's, give that rate without the fixed part.
+        for pipeline in args.pipeline:
+            more_us = median["decide", pipeline]["cpu_us"] - median["floor", pipeline]["cpu_us"]
+            rate = (decide - floor) / more_us * 1e6  # counted instructions per CPU second
+            fixed = median["floor", pipeline]["cpu_us"] - floor / rate * 1e6
+            print(f"pipeline {pipeline}: decide - floor = {decide - floor:,.0f} counted "
+                  f"instructions for {more_us:.2f} us of redis CPU = {rate / 1e9:.3f} G per "
+                  f"second; the rest of a call, not counted: {fixed:.2f} us")  # fmt: skip
     busy: list[tuple[str, float]] = []
     print()
     for name in BUSY_CASES:
