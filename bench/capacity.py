@@ -75,9 +75,8 @@ def packed_calls(kind: str, url: str) -> list[bytes]:
     if kind == "floor":
         sha = client.script_load(FLOOR_SCRIPT)
         conn = client.connection_pool.make_connection()
-        return [
-            b"".join(conn.pack_command("EVALSHA", sha, 3, *keys[1:], 1, 5)) for _, keys in calls
-        ]
+        pack: Any = conn.pack_command  # redis-py leaves it untyped
+        return [b"".join(pack("EVALSHA", sha, 3, *keys[1:], 1, 5)) for _, keys in calls]
     storage = RedisStorage(client)
     storage.decide_flat(*calls[0])  # loads the library: the calls below are FCALLs
     packed = [storage._decide.pack("decide", b"", checks, keys) for checks, keys in calls]
@@ -151,7 +150,7 @@ def measure(kind: str, url: str, processes: int, pipeline: int, seconds: float) 
     go.set()
     time.sleep(seconds)
     stop.set()
-    results = []
+    results: list[tuple[int, int]] = []
     while len(results) < len(workers):  # the last call answered: the clock stops here
         try:
             results.append(out.get(timeout=1))
