@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flask import Flask, request
@@ -71,7 +72,16 @@ def quota_app(
     rate: str = ALLOW,
     deny_cache: bool | None = None,
     prefetch: float | None = None,
+    plan_extra: Mapping[str, Any] | None = None,
+    tenant: bool = False,
+    concurrent: int | None = None,
+    more: Callable[[Flask, Any], None] | None = None,
 ) -> Flask:
+    """flask-quota's app (see the module doc). ``plan_extra`` is merged into the plan
+    (``{"tenant": rate}``; a ``"resources"`` entry replaces the plan's); ``tenant``
+    gives each caller a tenant, one of ten, by the last digit of its ``X-User``;
+    ``concurrent`` is the view's ``@quota.limit(concurrent=...)``; ``more(app, quota)``
+    adds other views, never requested by the benchmark."""
     from flask_quota import Identity, Quota
     from flask_quota.core.algorithms import MAX_LOG_LIMIT
 
@@ -84,6 +94,7 @@ def quota_app(
         plan["user"] = rate
     if tiers >= 3:
         plan["global"] = rate
+    plan.update(plan_extra or {})
     app = Flask("bench_quota")
     prefix = _prefix("q")
     app.config["BENCH_KEYS"] = f"{prefix}:*"  # every storage key of this app
@@ -115,11 +126,20 @@ def quota_app(
         user = request.headers.get(USER_HEADER)
         return Identity(user, "b") if user else None
 
+    if tenant:  # a loader of its own: the other apps' requests stay as they were
+
+        @quota.identity_loader
+        def tenant_identity() -> Identity | None:
+            user = request.headers.get(USER_HEADER)
+            return Identity(user, "b", f"t{user[-1]}") if user else None
+
     @app.get(PATH)
-    @quota.limit(resource=RESOURCE)
+    @quota.limit(resource=RESOURCE, concurrent=concurrent)
     def res() -> str:
         return "ok"
 
+    if more is not None:
+        more(app, quota)
     return app
 
 

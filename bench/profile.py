@@ -17,8 +17,19 @@ rotating over 1,000 identities) called straight through ``app.wsgi_app``:
 Cases: bare, hook (empty before_request), floor (one EVALSHA of
 ``compare.FLOOR_SCRIPT``), mem (flask-quota on memory://), redis (flask-quota on
 Redis), redis-pyparser (the same with redis-py's pure-Python reply parser instead
-of hiredis: the difference is what hiredis saves). Redis cases start their own
-redis-server.
+of hiredis: the difference is what hiredis saves). The newer tiers, each next to
+``redis`` (the measured request is the same ``GET /res``):
+
+* redis-tenant-unused: the plan has a ``tenant`` tier, the caller's Identity no tenant;
+* redis-tenant: the caller has a tenant (one of ten): the tenant tier's own cost;
+* redis-lease-unused: another view (never requested) has ``concurrent=2``, this one none;
+* redis-lease: the view has ``@quota.limit(resource="res", concurrent=2)``: a lease
+  taken with the decision and given back after the response;
+* redis-calendar-unused: another resource of the plan (its view never requested) is
+  ``1000/month``, the measured one is not;
+* redis-calendar: the measured resource is ``100000000/month``.
+
+Redis cases start their own redis-server.
 """
 
 from __future__ import annotations
@@ -38,17 +49,68 @@ from contextlib import contextmanager, nullcontext
 from flask import Flask
 from redis._parsers import _RESP2Parser
 
-from .apps import bare_app, quota_app
+from flask_quota import Quota
+
+from .apps import ALLOW, RESOURCE, bare_app, quota_app
 from .compare import floor_app, hook_app
 from .driver import WsgiDriver, caller_sequence
 from .env import redis_server
 
-CASES = ("bare", "hook", "floor", "mem", "redis", "redis-pyparser")
-REDIS_CASES = ("floor", "redis", "redis-pyparser")
 MARK = "functools_reduce"  # the C function callgrind collects inside
 
 
+def tenant_unused_app(url: str) -> Flask:
+    return quota_app(url, plan_extra={"tenant": ALLOW})
+
+
+def tenant_app(url: str) -> Flask:
+    return quota_app(url, plan_extra={"tenant": ALLOW}, tenant=True)
+
+
+def lease_unused_app(url: str) -> Flask:
+    def leased_view(app: Flask, quota: Quota) -> None:
+        @app.get("/leased")
+        @quota.limit(resource="leased", rate=ALLOW, concurrent=2)
+        def leased() -> str:
+            return "ok"
+
+    return quota_app(url, more=leased_view)
+
+
+def lease_app(url: str) -> Flask:
+    return quota_app(url, concurrent=2)
+
+
+def calendar_unused_app(url: str) -> Flask:
+    def monthly_view(app: Flask, quota: Quota) -> None:
+        @app.get("/monthly")
+        @quota.limit(resource="monthly")
+        def monthly() -> str:
+            return "ok"
+
+    resources = {RESOURCE: ALLOW, "monthly": "1000/month"}
+    return quota_app(url, plan_extra={"resources": resources}, more=monthly_view)
+
+
+def calendar_app(url: str) -> Flask:
+    return quota_app(url, plan_extra={"resources": {RESOURCE: "100000000/month"}})
+
+
+TIER_CASES: dict[str, Callable[[str], Flask]] = {
+    "redis-tenant-unused": tenant_unused_app,
+    "redis-tenant": tenant_app,
+    "redis-lease-unused": lease_unused_app,
+    "redis-lease": lease_app,
+    "redis-calendar-unused": calendar_unused_app,
+    "redis-calendar": calendar_app,
+}
+CASES = ("bare", "hook", "floor", "mem", "redis", "redis-pyparser", *TIER_CASES)
+REDIS_CASES = ("floor", "redis", "redis-pyparser", *TIER_CASES)
+
+
 def make_app(case: str, url: str, callers: list[tuple[str, str]]) -> Flask:
+    if case in TIER_CASES:
+        return TIER_CASES[case](url)
     if case == "bare":
         return bare_app()
     if case == "hook":

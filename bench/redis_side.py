@@ -23,7 +23,14 @@ Not part of a run. On a redis-server of its own:
   three tiers of callers seen for the first time (``DECISIONS``); 1,000 decisions
   counted after 1,000 that leave every caller's state in place (counted with
   1,000 and with 2,000 calls, the difference over 1,000);
-  ``--decisions tb-3 floor`` counts some of them.
+  ``--decisions tb-3 floor`` counts some of them;
+* with ``--requests``, instead: the same count per whole request of
+  ``bench.profile``'s Redis cases (``redis`` and the newer tiers': ``TIER_CASES``),
+  made through ``app.wsgi_app`` as ``bench.profile`` makes them, so every call a
+  request sends is counted (a lease's give-back after the response included);
+  1,000 requests after the 1,000 of ``bench.profile.driver_for``'s warm-up
+  (counted with 0 and with 1,000, the difference over 1,000);
+  ``--requests redis redis-lease`` counts some of them.
 """
 
 from __future__ import annotations
@@ -49,7 +56,9 @@ from flask_quota.core.route import build_route
 from flask_quota.storage.redis import SCRIPT, RedisStorage, decide_args
 
 from .compare import FLOOR_SCRIPT
+from .driver import repeat
 from .env import free_port, redis_server, wait_for_port
+from .profile import TIER_CASES, driver_for
 
 COMMANDS_ONLY = """
 redis.call('TIME')
@@ -107,7 +116,7 @@ def decision_calls(name: str) -> list[tuple[Any, list[str]]]:
     resources = {"res": "1000000/month" if extra == "calendar" else rate} if tiers > 2 else {}
     plan = Plan("b", global_rate=rate, user_rate=rate if tiers > 1 else None,
                 resources=resources, tenant_rate=rate if extra == "tenant" else None,
-                concurrent=1000000 if extra == "lease" else None)  # fmt: skip
+                concurrent=100_000 if extra == "lease" else None)  # fmt: skip
     policy = Policy(KeyBuilder("rs"), algorithm)
     route = build_route(policy, plan, method="GET", spec=LimitSpec(None, "res", 1),
                         resource="res", cost=1, tenant=extra == "tenant")  # fmt: skip
@@ -146,6 +155,29 @@ def decision_instructions(names: list[str], calls: int = 1000) -> Iterator[tuple
     for name in names:
         total = _counted_decisions(name, WARM + calls) - _counted_decisions(name, WARM)
         yield name, total / calls
+
+
+REQUEST_CASES = ("redis", *TIER_CASES)
+
+
+def _counted_requests(case: str, requests: int) -> int:
+    """Instructions of a fresh redis-server under callgrind while ``bench.profile``'s
+    app of ``case`` answers its warm-up and then ``requests`` more requests."""
+
+    def run(client: redis.Redis) -> None:
+        port = client.connection_pool.connection_kwargs["port"]
+        driver = driver_for(case, f"redis://127.0.0.1:{port}/0")
+        repeat(driver, requests)
+        driver.expect("200")
+
+    return _under_callgrind(run)
+
+
+def request_instructions(cases: list[str], requests: int = 1000) -> Iterator[tuple[str, float]]:
+    """redis-server instructions per request of each of ``bench.profile``'s ``cases``."""
+    for case in cases:
+        total = _counted_requests(case, requests) - _counted_requests(case, 0)
+        yield case, total / requests
 
 
 def _call(script: Any, name: str, keys: list[str], args: list[Any]) -> None:
@@ -247,6 +279,11 @@ def main() -> None:
         names = [a for a in sys.argv[1:] if not a.startswith("--")] or ["floor", *DECISIONS]
         for name, count in decision_instructions(names):
             print(f"{name}: {count:,.0f} instructions per decision in redis-server", flush=True)
+        return
+    if "--requests" in sys.argv[1:]:
+        cases = [a for a in sys.argv[1:] if not a.startswith("--")] or list(REQUEST_CASES)
+        for case, count in request_instructions(cases):
+            print(f"{case}: {count:,.0f} instructions per request in redis-server", flush=True)
         return
     if "--instructions" in sys.argv[1:]:
         for name, count in script_instructions().items():
