@@ -34,6 +34,7 @@ class Case:
     algorithm: Algorithm
     load: float  # offered traffic as a multiple of the limit
     callers: int = 20
+    bursts: bool = False  # a burst every second (within 50 ms), instead of Poisson
 
 
 CASES = [
@@ -41,6 +42,17 @@ CASES = [
     for algo in (Algorithm.TOKEN_BUCKET, Algorithm.FIXED_WINDOW)
     for rate in ("6000/minute", "600/minute")
     for load in (0.2, 0.8, 1.0, 1.5, 3.0)
+] + [
+    Case(
+        f"{algo.value} {rate}, bursts each second, {load:g}x the limit",
+        rate,
+        algo,
+        load,
+        bursts=True,
+    )
+    for algo in (Algorithm.TOKEN_BUCKET, Algorithm.FIXED_WINDOW)
+    for rate in ("6000/minute", "600/minute")
+    for load in (0.8, 1.5)
 ]
 
 
@@ -60,6 +72,17 @@ def arrivals(case: Case, seconds: float, rng: random.Random) -> list[tuple[int, 
     rate = parse_rate(case.rate)
     per_second = rate.limit / rate.window * case.load
     found = []
+    if case.bursts:  # a second's worth of traffic at once, then a pause
+        size = max(1, round(per_second))
+        for caller in range(case.callers):
+            start = rng.random()
+            while start < seconds:
+                for _ in range(size):
+                    found.append((round((start + rng.random() * 0.05) * 1e6), caller,
+                                  rng.randrange(WORKERS)))  # fmt: skip
+                start += 1.0
+        found.sort()
+        return found
     for caller in range(case.callers):
         t = 0.0
         while True:
@@ -128,9 +151,7 @@ def gunicorn_table(rounds: int, seconds: float) -> None:
         print("| callers | bare | floor | flask-quota | prefetch | prefetch / bare |")
         print("|---|---:|---:|---:|---:|---:|")
         for users in (4, 10_000):
-            results, _ = throughput.measure(
-                url, rounds, seconds, servers=GUNICORN, users=users
-            )
+            results, _ = throughput.measure(url, rounds, seconds, servers=GUNICORN, users=users)
             rps = {name: r.rps for name, r in results.items()}
             print(
                 f"| {users:,} | {rps['bare']:.0f} | {rps['floor']:.0f} | "
@@ -147,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gunicorn", type=int, metavar="ROUNDS", default=0,
         help="also measure throughput under gunicorn and wrk, median of ROUNDS rounds",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     print(f"QUOTA_PREFETCH={args.fraction}, {WORKERS} workers, {args.seconds:g} s of traffic")
     print()

@@ -140,6 +140,12 @@ class Quota:
         usage = None
         if settings.dashboard_url is not None:
             usage = UsageRecorder(usage_sink(storage, settings.key_prefix))
+        if settings.prefetch is not None and storage.name == "memory":
+            log.warning(
+                "flask-quota: QUOTA_PREFETCH with memory storage saves no round trip (the "
+                "counters are in this process already) and only under-admits; it is meant "
+                "for Redis or Valkey"
+            )
         if settings.prefetch is not None:
             # Shares of busy buckets spent in-process; a change in SQL drops them all, and
             # each expires within the sync interval anyway (storage/prefetch.py).

@@ -12,6 +12,15 @@ import redis
 from flask import Flask
 
 from flask_quota import Identity, Quota
+from flask_quota.core.algorithms import Algorithm, Gate
+from flask_quota.core.checks import Check
+from flask_quota.core.errors import QuotaUnavailable
+from flask_quota.core.rates import Rate
+from flask_quota.settings import FailMode
+from flask_quota.storage.base import StorageError
+from flask_quota.storage.breaker import CircuitBreaker
+from flask_quota.storage.failover import GuardedStorage
+from flask_quota.storage.memory import MemoryStorage
 from flask_quota.storage.prefetch import Prefetch
 from tests.servers import RedisServer
 
@@ -234,3 +243,55 @@ def test_on_a_cluster_shares_span_slots_and_the_limit_holds(cluster: Any) -> Non
     assert master_calls(cluster) - before < 200 * 0.3
     statuses = [client.get("/small").status_code for _ in range(80)]
     assert 36 <= statuses.count(200) <= 40, statuses
+
+
+class _Down(MemoryStorage):
+    """A memory storage that can be taken down: its decide calls then raise."""
+
+    down = False
+
+    def decide_flat(self, checks: Any, keys: Any) -> Any:
+        if self.down:
+            raise StorageError("memory: down (test)")
+        return super().decide_flat(checks, keys)
+
+
+def _unit(tag: str) -> tuple[Check, ...]:
+    rate = Rate(100000, 60)
+    return (
+        Check(f"q:blk:{tag}", Gate.BLOCK, Rate(1, 1), 0),
+        Check(f"q:u:{tag}", Algorithm.TOKEN_BUCKET, rate, 1),
+    )
+
+
+def test_answers_from_shares_are_no_sign_the_storage_is_up() -> None:
+    """While the storage is down, a caller with shares in hand is still answered, but
+    those answers must not reset the breaker's run of failures: the callers without
+    shares must see the breaker open after the threshold, not wait out every call."""
+    storage = _Down()
+    prefetch = Prefetch(storage, fraction=0.05, horizon=60)
+    breaker = CircuitBreaker("memory", threshold=5)
+    guard = GuardedStorage(prefetch, FailMode.CLOSED, breaker)
+    busy, cold = _unit("busy"), _unit("cold")
+    keys = [c.key for c in busy]
+    while not prefetch.held():
+        assert guard.decide_flat(busy, keys) is not None
+    storage.down = True
+    for _ in range(5):
+        assert guard.decide_flat(busy, keys) is not None  # from the share in hand
+        with pytest.raises(QuotaUnavailable):
+            guard.decide_flat(cold, [c.key for c in cold])
+    assert breaker.is_open
+
+
+def test_other_callers_of_decide_are_decided_exactly() -> None:
+    """QUOTA_BLOCK_AFTER counts denials with ``decide`` (not the request path): each of
+    its calls must reach the storage, or shares would count as denials taken ahead."""
+    storage = MemoryStorage()
+    calls = []
+    real = storage.decide
+    storage.decide = lambda checks: calls.append(1) or real(checks)  # type: ignore[method-assign]
+    prefetch = Prefetch(storage, fraction=0.5, horizon=60)
+    for _ in range(20):
+        prefetch.decide(list(_unit("x")))
+    assert len(calls) == 20

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from .algorithms import Outcome
 
-__all__ = ["LocalReply", "Reply"]
+__all__ = ["HeldReply", "LocalReply", "Reply"]
 
 _HEAD = 2  # now_us, all_allowed
 _STRIDE = 4  # allowed, remaining, reset_us, retry_us
@@ -114,5 +114,13 @@ class Reply(list[int]):
 class LocalReply(Reply):
     """A reply of the in-process fallback (fail mode ``local``), not of the storage:
     made only while the storage fails, so metrics can tell the two apart for free."""
+
+    __slots__ = ()
+
+
+class HeldReply(Reply):
+    """A reply answered in-process from units the storage handed out before
+    (``QUOTA_PREFETCH``'s shares), without asking it: no sign the storage is up, so
+    the circuit breaker does not count it as a success."""
 
     __slots__ = ()

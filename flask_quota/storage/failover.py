@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from ..core.errors import QuotaUnavailable
-from ..core.reply import LocalReply, Reply
+from ..core.reply import HeldReply, LocalReply, Reply
 from ..settings import FailMode
 from . import Check, MemoryStorage, Storage, StorageError, Verdict
 from .base import flat_decide, keyed
@@ -68,7 +68,8 @@ class GuardedStorage:
                 self._count_failure(attempt, exc)
                 charge_locally = attempt.probe
             else:
-                self.breaker.succeeded()
+                if type(reply) is not HeldReply:  # shares in hand say nothing of the storage
+                    self.breaker.succeeded()
                 return reply
         local = self._failed(keyed(checks, keys), charge_locally)
         return None if local is None else LocalReply.of(local.now_us, local.allowed, local.outcomes)

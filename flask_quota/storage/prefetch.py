@@ -49,8 +49,9 @@ from ..core.algorithms import Algorithm, Gate
 from ..core.clock import US
 from ..core.generations import Generations
 from ..core.rates import Rate
+from ..core.reply import HeldReply
 from . import Check, Storage, Verdict
-from .base import BlockEntry, Reply, flat_decide, verdict_of
+from .base import BlockEntry, Reply, flat_decide
 
 __all__ = ["MAX_FRACTION", "Prefetch", "share_size"]
 
@@ -81,7 +82,10 @@ class _Share:
     remaining: int  # the bucket's remaining in storage at the last answer
     reset_us: int  # the bucket's reset then (storage clock)
     now_us: int  # the storage's time of that answer
-    sent: float  # local time that answer was asked for
+    charged_us: int  # the storage's time the share was taken (its window's)
+    took: float  # local time the share was asked for
+    got: float  # local time that answer arrived (so ``now_us`` + time since never
+    # runs ahead of the storage's clock: a refund's charge time must not be later)
     size: int  # the next share's size (halved when unspent or refused, doubled when used up)
     seen: float  # local time of the last request for this bucket here
     gap: float  # seconds between its requests here, smoothed (what a share can be spent at)
@@ -118,6 +122,7 @@ class Prefetch:
         self._gates: dict[str, float] = {}  # block key -> "not blocked" trusted until
         self._seen: dict[str, float] = {}  # bucket key -> its one request so far, when
         self._forgot_at = float("-inf")  # a take asked for before this is not kept
+        self._forgot: dict[str, float] = {}  # the same, per key (``forget(keys)``)
         # (id(checks), costs) -> (checks, the same checks with those costs)
         self._shapes: Generations[tuple[int, tuple[int, ...]], tuple[object, tuple[Check, ...]]]
         self._shapes = Generations(_SHAPES)
@@ -126,7 +131,9 @@ class Prefetch:
     # -- deciding -------------------------------------------------------------
 
     def decide(self, checks: Sequence[Check]) -> Verdict:
-        return verdict_of(checks, self.decide_flat(checks, [c.key for c in checks]))
+        """Exactly, in storage: only the request path (``decide_flat``) spends shares.
+        The other callers (the ``QUOTA_BLOCK_AFTER`` denial counter) count each call."""
+        return self.storage.decide(checks)
 
     def decide_flat(self, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
         """From shares when they cover every check, else one storage call (two when a
@@ -192,16 +199,19 @@ class Prefetch:
                 return None
             found.append(share)
         base = next(s for s in found if s is not None)
-        now_us = base.now_us + round((now - base.sent) * US)
-        reply = Reply((now_us, 1))
+        now_us = base.now_us + round((now - base.got) * US)
+        reply = HeldReply((now_us, 1))
         for check, share in zip(checks, found, strict=True):
             if share is None:
                 reply += (1, 0, now_us, 0)  # the block gate: not blocked
                 continue
             share.left -= check.cost
             _tick(share, now)
-            if share.left < check.cost:
-                share.size = min(share.size * 2, self._max(check))  # used up: ask more
+            if share.left < check.cost and now - share.took < (share.deadline - share.took) / 2:
+                # Used up in the first half of its life: ask more. (Used up later, the
+                # size was right; doubling then would undo the halving that a burst's
+                # unspent end brings, burst after burst.)
+                share.size = min(share.size * 2, self._max(check))
             reply += (1, share.remaining + share.left, _reset(check, share), 0)
         return reply
 
@@ -227,10 +237,11 @@ class Prefetch:
             if known.deadline > now and known.left >= check.cost:
                 continue
             if known.left and known.left * 2 > known.taken:
-                known.size //= 2  # expired mostly unspent: ask less
+                # Expired mostly unspent: next time, what this one was spent on.
+                known.size = max(1, _power_below(known.taken - known.left))
             if known.left and check.algorithm is Algorithm.FIXED_WINDOW:
                 refunds.append((Check(key, check.algorithm, check.rate, known.left,
-                                      False, check.calendar), known.now_us))  # fmt: skip
+                                      False, check.calendar), known.charged_us))  # fmt: skip
             known.left = 0
             # No more than this worker could spend before a share expires, nor than the
             # bucket had left at its last answer (such a take would only be refused).
@@ -258,12 +269,16 @@ class Prefetch:
         call takes nothing: it only tells the buckets' room (the next shares' bound)."""
         now_us, allowed = reply.now_us, reply.all_allowed
         took = allowed and any(extra)
+        got = self._clock()
         with self._lock:
             if sent < self._forgot_at:
                 return  # asked before a reset or plan change: what it took is dropped
             if len(self._shares) >= self._max_keys or len(self._gates) >= self._max_keys:
                 self._prune(sent)
+            forgot = self._forgot
             for i, (check, key) in enumerate(zip(checks, keys, strict=True)):
+                if forgot and forgot.get(key, float("-inf")) > sent:
+                    continue  # reset or blocked while this call was in flight
                 if check.algorithm is Gate.BLOCK:
                     # Trusted only where shares may be spent: not for every cold caller.
                     if allowed and (took or key in self._gates):
@@ -281,11 +296,11 @@ class Prefetch:
                         self._seen[key] = sent
                         continue
                     known = self._shares[key] = _Share(
-                        check.rate, 0, 0, sent, remaining, reset_us, now_us, sent,
-                        self._max(check), sent, sent - first,
+                        check.rate, 0, 0, sent, remaining, reset_us, now_us, now_us, sent,
+                        got, self._max(check), sent, sent - first,
                     )  # fmt: skip
-                known.remaining, known.reset_us, known.now_us, known.sent = (
-                    remaining, reset_us, now_us, sent,
+                known.remaining, known.reset_us, known.now_us, known.got = (
+                    remaining, reset_us, now_us, got,
                 )  # fmt: skip
                 s = extra[i] if allowed else 0
                 if s <= 0:
@@ -297,6 +312,7 @@ class Prefetch:
                 else:
                     until_us = reset_us  # the window's end
                 known.left = known.taken = s
+                known.charged_us, known.took = now_us, sent
                 known.deadline = sent + min(self.horizon, (until_us - now_us) / US)
                 j = 2 + 4 * i  # the reply says the share is the caller's to spend
                 reply[j + 1] = remaining + s
@@ -334,15 +350,21 @@ class Prefetch:
         """Drop the shares (and trusted gates) of ``keys``, all of them when empty; their
         unspent units are lost. A take asked for before an empty ``forget`` is not kept."""
         with self._lock:
+            now = self._clock()
             if keys:
+                if len(self._forgot) >= self._max_keys:
+                    self._forgot.clear()
+                    self._forgot_at = now  # as strict as remembering each key
                 for key in keys:
                     self._shares.pop(key, None)
                     self._gates.pop(key, None)
+                    self._forgot[key] = now
             else:
                 self._shares.clear()
                 self._gates.clear()
                 self._seen.clear()
-                self._forgot_at = self._clock()
+                self._forgot.clear()
+                self._forgot_at = now
 
     def clear(self, keys: Sequence[str]) -> None:
         self.storage.clear(keys)
@@ -358,10 +380,22 @@ class Prefetch:
         return self.storage.peek(checks)
 
     def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
+        """Refund in storage. A token bucket's TAT falls by up to the refunded units'
+        worth, and a share held on it must fall due as much sooner: its bound was
+        reckoned from the higher TAT (the refunded cost may be the very request's that
+        took the share)."""
         self.storage.refund(checks, charged_at_us)
+        with self._lock:
+            for check in checks:
+                share = self._shares.get(check.key)
+                if share is not None and check.algorithm is Algorithm.TOKEN_BUCKET:
+                    share.deadline -= check.cost * check.rate.interval_us / US
 
     def charge(self, checks: Sequence[Check]) -> None:
+        """Charge in storage, into debt if need be; this worker's shares of those
+        buckets go, since the exact algorithm now denies until the debt is paid."""
         self.storage.charge(checks)
+        self.forget([check.key for check in checks])
 
     def blocks(self, match: str) -> list[BlockEntry]:
         return self.storage.blocks(match)
