@@ -160,7 +160,8 @@ DOCS["QUOTA_NEAR_LIMIT"] = (
 DOCS["QUOTA_PREFETCH"] = (
     "Share of a bucket (above 0, at most 0.5) a worker may take ahead and spend in-process, "
     "asking the storage again only when it runs out; ``None``: every request is decided in "
-    "storage. Never admits more than the exact limit; token buckets and fixed windows only "
+    "storage. Never admits more than the exact limit (a reset made on another server aside); "
+    "token buckets and fixed windows only "
     "(sliding windows, shadow checks and concurrency leases are always decided in "
     'storage); headers become approximate. See Operations, "Prefetch".'
 )
