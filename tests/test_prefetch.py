@@ -295,3 +295,31 @@ def test_other_callers_of_decide_are_decided_exactly() -> None:
     for _ in range(20):
         prefetch.decide(list(_unit("x")))
     assert len(calls) == 20
+
+
+def test_a_block_while_a_take_is_in_flight_is_not_forgotten() -> None:
+    """``quota.block`` in another thread lands between a call's send and its answer: the
+    answer read the gate open, but the block came after. Trusting that "not blocked"
+    would let the caller spend its shares through the block (a per-key forget time)."""
+    storage = MemoryStorage()
+    prefetch = Prefetch(storage, fraction=0.5, horizon=60)
+    checks = _unit("r")
+    keys = [c.key for c in checks]
+    real = storage.decide_flat
+    blocked = []
+
+    def block_during_a_take(c: Any, k: Any) -> Any:
+        reply = real(c, k)
+        if c[1].cost > checks[1].cost and not blocked:  # this call takes a share
+            blocked.append(1)
+            prefetch.block(checks[0].key, 60, "{}")  # the block, while the call is in flight
+        return reply
+
+    storage.decide_flat = block_during_a_take  # type: ignore[method-assign]
+    for _ in range(50):
+        reply = prefetch.decide_flat(checks, keys)
+        if blocked:
+            break
+    assert blocked, "a share was asked for"
+    assert reply.all_allowed  # decided before the block
+    assert not prefetch.decide_flat(checks, keys).all_allowed  # and the next one sees it
