@@ -398,35 +398,37 @@ def _positive(get: dict[str, Any], key: str) -> float:
     return number
 
 
-def _share(get: dict[str, Any], key: str) -> float | None:
-    """A share strictly between 0 and 1 (a number, or its text), or ``None`` when off."""
+def _fraction(get: dict[str, Any], key: str) -> float | None:
+    """``get[key]`` as a number (NaN when it is none, a bool included), or ``None``
+    when it is off (``None``, ``""``, ``"none"``, ``"off"``): the caller checks the range."""
     value = get[key]
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "off")):
         return None
+    if isinstance(value, bool):
+        return float("nan")
     try:
-        share = float(value)
+        return float(value)
     except (TypeError, ValueError, OverflowError):
-        share = float("nan")
-    if isinstance(value, bool) or not 0 < share < 1:
+        return float("nan")
+
+
+def _share(get: dict[str, Any], key: str) -> float | None:
+    """A share strictly between 0 and 1 (a number, or its text), or ``None`` when off."""
+    share = _fraction(get, key)
+    if share is not None and not 0 < share < 1:
         raise ValueError(
-            f"{key}={value!r} must be a share of a bucket between 0 and 1 (exclusive), e.g. 0.8, "
-            "or None to send no near-limit warning"
+            f"{key}={get[key]!r} must be a share of a bucket between 0 and 1 (exclusive), e.g. "
+            "0.8, or None to send no near-limit warning"
         )
     return share
 
 
 def _prefetch(get: dict[str, Any], key: str) -> float | None:
     """A share above 0 and at most ``MAX_FRACTION`` (a number, or its text), or ``None``."""
-    value = get[key]
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "off")):
-        return None
-    try:
-        share = float(value)
-    except (TypeError, ValueError, OverflowError):
-        share = float("nan")
-    if isinstance(value, bool) or not 0 < share <= MAX_FRACTION:
+    share = _fraction(get, key)
+    if share is not None and not 0 < share <= MAX_FRACTION:
         raise ValueError(
-            f"{key}={value!r} must be the share of a bucket a worker may take ahead, above 0 "
+            f"{key}={get[key]!r} must be the share of a bucket a worker may take ahead, above 0 "
             f"and at most {MAX_FRACTION}, e.g. 0.05; or None to decide every request in storage"
         )
     return share

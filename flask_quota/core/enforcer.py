@@ -25,7 +25,7 @@ from .keys import KeyBuilder
 from .plans import Plan, PlanCatalog
 from .policy import Decision, LimitSpec, Policy, TierCheck, TierResult
 from .rates import Rate, Rates, parse_rates
-from .reply import LocalReply, Reply
+from .reply import HeldReply, LocalReply, Reply
 from .route import Route, build_route
 from .tiers import Tier
 from .validators import is_count
@@ -358,8 +358,8 @@ class Enforcer:
 
     def _call(self, route: Route, keys: list[str]) -> Reply | None:
         reply = self.guard.decide_flat(route.calls, keys)
-        if reply is None or type(reply) is Reply:
-            return reply
+        if reply is None or type(reply) is Reply or type(reply) is HeldReply:
+            return reply  # ours already: no copy
         return LocalReply(reply) if isinstance(reply, LocalReply) else Reply(reply)
 
     def caller(self, catalog: PlanCatalog, facts: Facts) -> tuple[str, Plan, str | None]:

@@ -21,7 +21,6 @@ from ..core.clock import US
 from ..core.rates import Rate
 from . import Check, Storage, Verdict
 from .base import (
-    BlockEntry,
     Reply,
     flat_decide,
     flat_reply,
@@ -29,6 +28,7 @@ from .base import (
     shadow_flags,
     verdict_of,
 )
+from .layer import Layer
 
 __all__ = ["DenyCache"]
 
@@ -46,7 +46,7 @@ class _Denial:
     sent: float  # local monotonic time the decision was asked for
 
 
-class DenyCache:
+class DenyCache(Layer):
     """Wraps a ``Storage``; remembers each ``(key, cost)`` denial until its retry time.
 
     A denial for cost ``c`` also answers costs ``>= c`` (they need more room).
@@ -67,8 +67,7 @@ class DenyCache:
         clock: Callable[[], float] = time.monotonic,
         max_keys: int = 10_000,
     ) -> None:
-        self.storage = storage
-        self.name = storage.name
+        super().__init__(storage)
         self._clock = clock
         self._max_keys = max_keys
         self._lock = threading.Lock()
@@ -96,17 +95,10 @@ class DenyCache:
             self._remember(real, verdict_of(real, reply), now)
         return reply
 
-    def peek(self, checks: Sequence[Check]) -> Verdict:
-        """The storage's answer, charging nothing (denials are not cached for peeks)."""
-        return self.storage.peek(checks)
-
     def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
         """Refund in the storage; a denial cached for these keys may no longer hold."""
         self.storage.refund(checks, charged_at_us)
         self._forget(checks)
-
-    def charge(self, checks: Sequence[Check]) -> None:
-        self.storage.charge(checks)
 
     def _forget(self, checks: Sequence[Check]) -> None:
         if self._denials:
@@ -132,19 +124,6 @@ class DenyCache:
             else:
                 self._denials.clear()
                 self._forgot_at = self._clock()
-
-    def block(self, key: str, seconds: int, info: str) -> None:
-        self.storage.block(key, seconds, info)
-
-    def blocks(self, match: str) -> list[BlockEntry]:
-        return self.storage.blocks(match)
-
-    def block_info(self, key: str) -> str | None:
-        return self.storage.block_info(key)
-
-    def ping(self) -> float:
-        """The storage's round-trip latency in seconds."""
-        return self.storage.ping()
 
     def close(self) -> None:
         """Forget every local denial and close the storage."""

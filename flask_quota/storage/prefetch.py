@@ -51,7 +51,8 @@ from ..core.generations import Generations
 from ..core.rates import Rate
 from ..core.reply import HeldReply
 from . import Check, Storage, Verdict
-from .base import BlockEntry, Reply, flat_decide
+from .base import Reply, flat_decide
+from .layer import Layer
 
 __all__ = ["MAX_FRACTION", "Prefetch", "share_size"]
 
@@ -91,7 +92,7 @@ class _Share:
     gap: float  # seconds between its requests here, smoothed (what a share can be spent at)
 
 
-class Prefetch:
+class Prefetch(Layer):
     """Wraps a ``Storage``: decides a request from this worker's shares when every
     check of it has one that covers its cost, otherwise in storage, taking new
     shares in the same call. All-or-nothing across the checks either way.
@@ -111,8 +112,7 @@ class Prefetch:
     ) -> None:
         if not 0 < fraction <= MAX_FRACTION:
             raise ValueError(f"a prefetch share is a fraction in (0, {MAX_FRACTION}]")
-        self.storage = storage
-        self.name = storage.name
+        super().__init__(storage)
         self.fraction = fraction
         self.horizon = horizon
         self._clock = clock
@@ -141,16 +141,16 @@ class Prefetch:
         if not _prefetchable(checks):
             return flat_decide(self.storage, checks, keys)
         now = self._clock()
-        with self._lock:
+        with self._lock:  # one acquire: spent from shares, or what to ask the storage
             local = self._spend(checks, keys, now)
-            if local is not None:
+            if local is None:
+                extra, guards, refunds = self._asks(checks, keys, now)
+            else:
                 self.local += 1
         if local is not None:
             if self.on_hit is not None:
                 self.on_hit()
             return local
-        with self._lock:
-            extra, guards, refunds = self._asks(checks, keys, now)
         for unspent, charged_at_us in refunds:
             self._give_back(unspent, charged_at_us)
         if not any(extra):
@@ -374,11 +374,6 @@ class Prefetch:
         self.storage.block(key, seconds, info)
         self.forget([key])
 
-    # -- the rest goes to the storage as it is -------------------------------------
-
-    def peek(self, checks: Sequence[Check]) -> Verdict:
-        return self.storage.peek(checks)
-
     def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
         """Refund in storage. A token bucket's TAT falls by up to the refunded units'
         worth, and a share held on it must fall due as much sooner: its bound was
@@ -396,15 +391,6 @@ class Prefetch:
         buckets go, since the exact algorithm now denies until the debt is paid."""
         self.storage.charge(checks)
         self.forget([check.key for check in checks])
-
-    def blocks(self, match: str) -> list[BlockEntry]:
-        return self.storage.blocks(match)
-
-    def block_info(self, key: str) -> str | None:
-        return self.storage.block_info(key)
-
-    def ping(self) -> float:
-        return self.storage.ping()
 
     def close(self) -> None:
         self.forget()
