@@ -96,21 +96,25 @@ SHADOW_MARK = "~"  # before a check's algorithm code in decide.lua's ARGV: a sha
 CALENDAR_CODE = "cw"  # a calendar window's code in the scripts' ARGV (a fixed window's state)
 
 
+CHECKS_SEPARATOR = ";"  # between the checks of decide.lua's one checks argument
+
+
 def decide_args(checks: Sequence[Check], mode: str, now_arg: Any) -> list[Any]:
-    """ARGV of ``decide.lua``: ``check_args`` of each check after ``mode`` and ``now_arg``."""
-    args: list[Any] = [mode, now_arg]
+    """ARGV of ``decide.lua``: ``mode``, ``now_arg`` and one argument for every check,
+    each check's ``check_args`` joined by ``CHECKS_SEPARATOR``. One argument, not one per
+    check: Redis makes a Lua string of every argument of every call, and the script
+    parses a request's checks once and keeps them (see ``decide.lua``'s ``shape_of``)."""
     around = _around(now_arg)
-    for check in checks:
-        args += check_args(check, around)
-    return args
+    joined = CHECKS_SEPARATOR.join(arg for check in checks for arg in check_args(check, around))
+    return [mode, now_arg, joined]
 
 
 def check_args(check: Check, around_us: int | None = None) -> list[str]:
-    """One check's five arguments to ``decide.lua``. A shadow check's code carries
-    ``SHADOW_MARK`` ("~tb"). The rate's numbers are hexadecimal: Lua reads a base-16
-    number with ``strtoul`` and a decimal one with ``strtod``, which cost about a
-    twentieth of the script's instructions for these numbers. The cost stays
-    decimal: it may be negative (a refund), which ``strtoul`` would wrap around.
+    """One check's arguments to ``decide.lua``: a single string, ``"code limit window_us
+    capacity cost"`` (``decide_args`` joins a request's). A shadow check's code carries
+    ``SHADOW_MARK`` ("~tb"). The rate's numbers are hexadecimal (Lua reads them with
+    ``strtoul``, cheaper than ``strtod``); the cost stays decimal: it may be negative
+    (a refund).
 
     A calendar check (``cw``) sends ``calendar_bounds`` around ``around_us`` (this
     machine's clock when None) in place of its window."""
@@ -120,13 +124,8 @@ def check_args(check: Check, around_us: int | None = None) -> list[str]:
         window = calendar_bounds(check, around_us)
     else:
         window = f"{rate.window_us:x}"
-    return [
-        SHADOW_MARK + code if check.shadow else code,
-        f"{rate.limit:x}",
-        window,
-        f"{rate.capacity:x}",
-        str(check.cost),
-    ]
+    code = SHADOW_MARK + code if check.shadow else code
+    return [f"{code} {rate.limit:x} {window} {rate.capacity:x} {check.cost}"]
 
 
 def calendar_bounds(check: Check, around_us: int | None) -> str:
@@ -278,6 +277,9 @@ class RedisStorage:
         return RedisUsageSink(lambda: self.client, prefix, clock=self._clock)
 
 
+_SEPARATOR = CHECKS_SEPARATOR.encode()
+
+
 def _bulk(value: bytes) -> bytes:
     """One RESP bulk string."""
     return b"$%d\r\n%b\r\n" % (len(value), value)
@@ -331,15 +333,15 @@ class _ScriptCall:
             self._library = function[1]
         self._function_head = self._head
         self._modes = {mode: _bulk(mode.encode()) for mode in ("decide", "peek")}
-        # (id(rate), id(algorithm), cost, shadow) -> (rate, algorithm, the check's five
-        # encoded arguments). Ids, because hashing a Rate or an enum runs Python code; the
+        # (id(rate), id(algorithm), cost, shadow) -> (rate, algorithm, the check's encoded
+        # string, ``check_args``). Ids, because hashing a Rate or an enum runs Python code; the
         # entry holds the rate and algorithm, so their ids cannot be reused while it lives.
         # Both caches are bounded by generations (costs from a callable can be many), so
         # what is in use stays encoded however many others come and go.
         self._args: Generations[tuple[int, int, int, bool], tuple[Any, Any, bytes]] = Generations(
             _CACHED
         )
-        # id(checks) -> (checks, every check's arguments): a request shape (a tuple the
+        # id(checks) -> (checks, its checks argument, encoded): a request shape (a tuple the
         # request path reuses, see ``Route``) is encoded once. Held, so the id stays its own.
         self._shapes: Generations[int, tuple[Sequence[Check], bytes | None]] = Generations(
             _CACHED
@@ -352,12 +354,12 @@ class _ScriptCall:
     def pack(
         self, mode: str, now: bytes, checks: Sequence[Check], keys: Sequence[str] | None = None
     ) -> bytes:
-        """``EVALSHA sha n key... mode now (code limit window_us capacity cost)...`` in RESP,
-        with ``keys`` (default: the checks' own) for the checks' keys."""
+        """``EVALSHA sha n key... mode now checks`` in RESP (``decide_args``), with
+        ``keys`` (default: the checks' own) for the checks' keys."""
         if keys is None:
             keys = [c.key for c in checks]
         n = len(checks)
-        parts = [b"*%d\r\n" % (5 + 6 * n), self._head, _bulk(b"%d" % n)]
+        parts = [b"*%d\r\n" % (6 + n), self._head, _bulk(b"%d" % n)]
         for key in keys:
             encoded = key.encode()
             parts.append(b"$%d\r\n%b\r\n" % (len(encoded), encoded))
@@ -372,11 +374,11 @@ class _ScriptCall:
 
     def _shape(self, checks: Sequence[Check], now: bytes) -> bytes:
         if type(checks) is not tuple:  # a list is made per call: not worth keeping
-            return b"".join([self._check_args(check, now) for check in checks])
+            return _bulk(_SEPARATOR.join([self._check_args(check, now) for check in checks]))
         found = self._shapes.current.get(id(checks)) or self._shapes.recall(id(checks))
         if found is not None and found[0] is checks and found[1] is not None:
             return found[1]
-        args = b"".join([self._check_args(check, now) for check in checks])
+        args = _bulk(_SEPARATOR.join([self._check_args(check, now) for check in checks]))
         if found is None or found[0] is not checks:
             # A calendar check's arguments follow the clock: kept as "encode each time".
             calendar = any(c.calendar is not None for c in checks)
@@ -394,14 +396,14 @@ class _ScriptCall:
             )
             if cached is not None and cached[0] is check and cached[1] is bounds:
                 return cached[2]
-            encoded = b"".join(_bulk(arg.encode()) for arg in check_args(check, bounds[1]))
+            encoded = _SEPARATOR.join(arg.encode() for arg in check_args(check, bounds[1]))
             self._calendar_args.put(id(check), (check, bounds, encoded))
             return encoded
         key = (id(check.rate), id(check.algorithm), check.cost, check.shadow)
         found = self._args.current.get(key) or self._args.recall(key)
         if found is not None:
             return found[2]
-        encoded = b"".join(_bulk(arg.encode()) for arg in check_args(check))
+        encoded = _SEPARATOR.join(arg.encode() for arg in check_args(check))
         self._args.put(key, (check.rate, check.algorithm, encoded))
         return encoded
 

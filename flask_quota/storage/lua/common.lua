@@ -1,6 +1,11 @@
 -- Shared helpers. Times are integer microseconds held in Lua doubles (exact below 2^53).
+-- The library functions the request path calls are upvalues (a global's lookup is two
+-- table reads per use), set by script_now, which every entry calls first: a function
+-- library is loaded where math and string cannot be reached. (tostring would not do
+-- for fmt: Lua 5.1 prints a number with %.14g, which rounds a microsecond time.)
+local floor, ceil, format
 local function fmt(n)
-  return string.format('%d', n)
+  return format('%d', n)
 end
 
 -- Store a state for ttl microseconds, or drop it when nothing is worth keeping.
@@ -8,7 +13,7 @@ local function put(key, value, ttl)
   if ttl <= 0 then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, value, 'PX', math.ceil(ttl / 1000))
+    redis.call('SET', key, value, 'PX', ceil(ttl / 1000))
   end
 end
 
@@ -26,12 +31,17 @@ end
 
 -- The script's clock: ARGV's integer microsecond time (tests only) or, when it is
 -- "", the Redis server's. Effects replication first, so writes may follow TIME.
+-- Redis 7 (the first with REDIS_VERSION_NUM) always replicates effects, and its
+-- replicate_commands is a no-op: only an older server is asked.
 local function script_now(arg)
-  if redis.replicate_commands then pcall(redis.replicate_commands) end
-  local now = tonumber(arg)
-  if now == nil then
+  floor, ceil, format = math.floor, math.ceil, string.format
+  if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
+    pcall(redis.replicate_commands)
+  end
+  local now = arg ~= '' and tonumber(arg)
+  if not now then
     local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    now = t[1] * 1000000 + t[2] -- TIME's two integers, read as tonumber would
   end
   return now
 end

@@ -3,11 +3,13 @@
 -- ARGV[1]: "decide" or "peek" (peek never writes).
 -- ARGV[2]: "" to use the Redis server clock (production); an integer
 --          microsecond time only from flask_quota.testing.
--- ARGV[3 + 5*(i-1) ...]: algorithm code, limit, window_us, capacity, cost; the
---          rate's three numbers in hexadecimal (see redis.check_args). A code
---          starting with "~" ("~tb") marks a shadow check: its denial does not deny
---          (all_allowed ignores it) and it is charged only when it allows. A
---          calendar window ("cw") has "prev:start:end:next" as its window_us.
+-- ARGV[3]: the checks, tier i's the i-th, separated by ";" (redis.decide_args); each
+--          "code limit window_us capacity cost" (redis.check_args): the rate's three
+--          numbers in hexadecimal, the cost in decimal. A code starting with "~" ("~tb")
+--          marks a shadow check: its denial does not deny (all_allowed ignores it) and
+--          it is charged only when it allows. A calendar window ("cw") has
+--          "prev:start:end:next" as its window_us. More arguments after ARGV[3] are
+--          more checks, read as if joined to it.
 -- Returns {now, all_allowed, then per tier: allowed, remaining, reset_us, retry_us}.
 --
 -- An algorithm returns allowed, remaining, reset_us, retry_us and, when it allows
@@ -18,12 +20,60 @@
 -- Every state stored as a string is read in one MGET before any tier is decided (the
 -- block gate's value too: only a caller who is blocked costs a PTTL). The sliding log
 -- (a list) and a lease (a sorted set, its key naming a member) read their own.
-local algorithms = {
-  tb = token_bucket,
-  fw = fixed_window,
-  swc = sliding_window_counter,
-}
-local OWN_READS = {swl = true, ['~swl'] = true, ls = true, ['~ls'] = true}
+local KNOWN = {tb = true, fw = true, swc = true, swl = true, cw = true, blk = true, ls = true}
+
+-- A check's string, parsed: {code, shadow, limit, window, capacity, cost, interval,
+-- tau} (the last two a token bucket's), or nil if it is not one.
+local function spec_of(arg)
+  local code, limit, window, capacity, cost =
+    string.match(arg, '^(~?%l+) (%x+) ([-:%x]+) (%x+) (-?%d+)$')
+  if code == nil then return nil end
+  local shadow = string.byte(code, 1) == 126 -- "~"
+  if shadow then code = string.sub(code, 2) end
+  if not KNOWN[code] then return nil end
+  limit, capacity, cost = tonumber(limit, 16), tonumber(capacity, 16), tonumber(cost)
+  if code ~= 'cw' then window = tonumber(window, 16) end -- a calendar's stays its edges
+  local spec = {code, shadow, limit, window, capacity, cost, nil, nil}
+  if code == 'tb' then
+    spec[7] = floor(window / limit)
+    spec[8] = capacity * spec[7]
+  end
+  return spec
+end
+
+-- A request's checks, parsed (spec_of), in ARGV's order; or nil and the string that is
+-- not a check. A route sends the same checks argument on every request, so under FCALL
+-- (whose library stays loaded) each is parsed once and kept: one string to look up, not
+-- five numbers per tier to read. Bounded: past SHAPES_MAX the table starts over. (Under
+-- EVAL the whole chunk runs on every call, so the table lasts one call.)
+local SHAPES, shapes_held, SHAPES_MAX = {}, 0, 1000
+
+local function shape_of(ARGV)
+  local count = #ARGV
+  if count == 3 then
+    local known = SHAPES[ARGV[3]]
+    if known then return known end
+  end
+  local shape = {}
+  for a = 3, count do
+    for part in string.gmatch(ARGV[a], '[^;]+') do
+      local spec = spec_of(part)
+      if spec == nil then return nil, part end
+      shape[#shape + 1] = spec
+    end
+  end
+  if count == 3 then
+    if shapes_held >= SHAPES_MAX then SHAPES, shapes_held = {}, 0 end
+    SHAPES[ARGV[3]], shapes_held = shape, shapes_held + 1
+  end
+  return shape
+end
+
+-- A TTL in microseconds (an integer, > 0) as SET's PX: milliseconds, rounded up, as a
+-- string. Redis would print a number argument with %.17g, dearer than Lua's %d.
+local function ms_of(ttl)
+  return format('%d', ceil(ttl / 1000))
+end
 
 local function decide(KEYS, ARGV)
   local now = script_now(ARGV[2])
@@ -33,52 +83,59 @@ local function decide(KEYS, ARGV)
   -- instructions. The nils only reserve slots; Redis ends the reply at the first nil.
   local reply, n = {now, 1, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
                     nil, nil, nil}, 2
-  -- key, state, ttl and "read as absent" of each check that allowed
+  -- key, state, ttl and how to write it (0: over a state read, 1: a state read as
+  -- absent, 2: a function) of each check that allowed
   local writes, w = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}, 0
-  local names, at, m = {nil, nil, nil, nil}, {nil, nil, nil, nil}, 0 -- MGET's keys; KEYS[i]'s
-  for i, key in ipairs(KEYS) do                                     -- place among them
-    if not OWN_READS[ARGV[3 + 5 * (i - 1)]] then
-      m = m + 1
-      names[m], at[i] = key, m
-    end
-  end
-  local values = {}
-  if m > 0 then values = redis.call('MGET', unpack(names, 1, m)) end
+  local shape, bad = shape_of(ARGV)
+  if shape == nil then return redis.error_reply('flask-quota: unknown algorithm ' .. bad) end
+  -- Every key is read, in one MGET: a sliding log's list or a lease's set is read as
+  -- absent there, and the log and the lease read their own.
+  local values = KEYS
+  if KEYS[1] then values = redis.call('MGET', unpack(KEYS)) end
 
-  for i, key in ipairs(KEYS) do
-    local a = 3 + 5 * (i - 1)
-    local code = ARGV[a]
-    local shadow = string.byte(code, 1) == 126 -- "~"
-    if shadow then code = string.sub(code, 2) end
-    local raw = nil -- nil: not read here; false: read, absent
-    if at[i] then raw = values[at[i]] end
+  for i = 1, #KEYS do
+    local spec = shape[i]
+    if spec == nil then return redis.error_reply('flask-quota: a key without a check') end
+    local key, code, raw = KEYS[i], spec[1], values[i] -- raw: false when absent
     local allowed, remaining, reset, retry, state, ttl
-    if code == 'blk' then -- the gate has no rate: its arguments are not parsed
-      allowed, remaining, reset, retry = block_gate(key, raw, now)
+    if code == 'tb' then
+      allowed, remaining, reset, retry, state, ttl = token_bucket(raw, now, spec[7], spec[8],
+        spec[4], spec[5], spec[6])
+    elseif code == 'blk' then -- the gate has no rate; an absent key (the usual) lets by
+      if raw then allowed, remaining, reset, retry = block_gate(key, raw, now)
+      else allowed, remaining, reset, retry = 1, 0, now, 0 end
+    elseif code == 'fw' then
+      allowed, remaining, reset, retry, state, ttl = fixed_window(raw, now, spec[3], spec[4],
+        spec[5], spec[6])
+    elseif code == 'swc' then
+      allowed, remaining, reset, retry, state, ttl = sliding_window_counter(raw, now, spec[3],
+        spec[4], spec[5], spec[6])
     elseif code == 'ls' then -- a lease: limit is its slots, window its lifetime
-      allowed, remaining, reset, retry, state = lease_gate(key, now, tonumber(ARGV[a + 1], 16),
-        tonumber(ARGV[a + 2], 16), tonumber(ARGV[a + 4]))
-    elseif code == 'cw' then -- a calendar window: its window argument is its edges
-      allowed, remaining, reset, retry, state, ttl = calendar_window(raw, now,
-        tonumber(ARGV[a + 1], 16), ARGV[a + 2], tonumber(ARGV[a + 4]))
-    elseif code == 'swl' then
-      allowed, remaining, reset, retry, state = sliding_window_log(key, now,
-        tonumber(ARGV[a + 1], 16), tonumber(ARGV[a + 2], 16), tonumber(ARGV[a + 3], 16),
-        tonumber(ARGV[a + 4]))
-    else
-      local algorithm = algorithms[code]
-      if algorithm == nil then return redis.error_reply('flask-quota: unknown algorithm ' .. tostring(ARGV[a])) end
-      allowed, remaining, reset, retry, state, ttl = algorithm(raw, now, tonumber(ARGV[a + 1], 16),
-        tonumber(ARGV[a + 2], 16), tonumber(ARGV[a + 3], 16), tonumber(ARGV[a + 4]))
+      allowed, remaining, reset, retry, state = lease_gate(key, now, spec[3], spec[4], spec[6])
+    elseif code == 'cw' then -- a calendar window: its window is its edges
+      allowed, remaining, reset, retry, state, ttl = calendar_window(raw, now, spec[3], spec[4],
+        spec[6])
+    else -- swl
+      allowed, remaining, reset, retry, state = sliding_window_log(key, now, spec[3], spec[4],
+        spec[5], spec[6])
     end
     if allowed == 0 then
-      if not shadow then reply[2] = 0 end
+      if not spec[2] then reply[2] = 0 end
     -- A shadow check that would deny is not charged. Only what changed is written: a
     -- state equal to the stored one keeps its key (and its expiry, which the state
     -- fixes), and an empty state of an absent key has nothing to delete.
-    elseif state and state ~= raw and not (raw == false and ttl <= 0) then
-      writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = key, state, ttl, raw == false
-      w = w + 4
+    elseif state then
+      if ttl == nil then -- a function: the log's or the lease's own writes
+        writes[w + 1], writes[w + 2], writes[w + 4] = key, state, 2
+        w = w + 4
+      elseif state == raw then -- unchanged
+      elseif raw then
+        writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = key, state, ttl, 0
+        w = w + 4
+      elseif ttl > 0 then
+        writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = key, state, ttl, 1
+        w = w + 4
+      end
     end
     reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = allowed, remaining, reset, retry
     n = n + 4
@@ -90,18 +147,25 @@ local function decide(KEYS, ARGV)
     -- and the call fails (as the GET it replaces did) with nothing written: the states
     -- written before it were absent, so deleting them undoes them. Never overwritten.
     for j = 1, w, 4 do
-      if writes[j + 3] and not redis.call('SET', writes[j], writes[j + 1], 'PX',
-                                          math.ceil(writes[j + 2] / 1000), 'NX') then
+      if writes[j + 3] == 1 and not redis.call('SET', writes[j], writes[j + 1], 'PX',
+                                               ms_of(writes[j + 2]), 'NX') then
         for u = 1, j - 1, 4 do
-          if writes[u + 3] then redis.call('DEL', writes[u]) end
+          if writes[u + 3] == 1 then redis.call('DEL', writes[u]) end
         end
         return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
       end
     end
     for j = 1, w, 4 do
-      if not writes[j + 3] then
-        local state = writes[j + 1]
-        if type(state) == 'function' then state() else put(writes[j], state, writes[j + 2]) end
+      local how = writes[j + 3]
+      if how == 0 then
+        local ttl = writes[j + 2]
+        if ttl <= 0 then
+          redis.call('DEL', writes[j])
+        else
+          redis.call('SET', writes[j], writes[j + 1], 'PX', ms_of(ttl))
+        end
+      elseif how == 2 then
+        writes[j + 1]()
       end
     end
   end

@@ -9,7 +9,7 @@ local function window_step(raw, now, limit, start, finish, cost)
     local reset = now
     local ttl = 0
     if used > 0 then reset = finish; ttl = finish - now end
-    return 1, limit - used, reset, 0, fmt(start) .. ':' .. fmt(used), ttl
+    return 1, limit - used, reset, 0, format('%d:%d', start, used), ttl
   end
   local reset = now
   if count > 0 then reset = finish end

@@ -17,7 +17,7 @@ local function lease_gate(key, now, limit, window, cost)
   return 1, limit - held - 1, now, 0, function()
     redis.call('ZREMRANGEBYSCORE', set, '-inf', fmt(now)) -- the expired go first
     redis.call('ZADD', set, fmt(now + window), member)
-    redis.call('PEXPIRE', set, math.ceil(window / 1000)) -- the newest lives longest
+    redis.call('PEXPIRE', set, ceil(window / 1000)) -- the newest lives longest
   end
 end
 

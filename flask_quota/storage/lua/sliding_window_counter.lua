@@ -3,6 +3,7 @@
 
 -- floor(a * b / c) and the remainder, exact for integers 0 <= a <= c < 2^52 and
 -- 0 <= b < 2^53, where a * b itself may pass 2^53 (doubles are exact below it).
+-- (math.floor, not common.lua's upvalue: tests run this file on its own.)
 local function muldiv_below(a, b, c)
   if a * b < 4503599627370496 then -- 2^52: the product and q * c are exact
     local q = math.floor(a * b / c)
@@ -37,6 +38,13 @@ local function muldiv(a, b, c)
   return whole * b + q, r
 end
 
+-- When the counts of a window starting at start have all gone: cur is the current count.
+local function counter_reset_at(now, start, window, prev, cur)
+  if cur > 0 then return start + 2 * window end
+  if prev > 0 then return start + window end
+  return now
+end
+
 -- raw: the stored "start:prev:cur" from decide.lua's MGET (false when absent).
 local function sliding_window_counter(raw, now, limit, window, capacity, cost)
   local start = now - now % window
@@ -44,15 +52,10 @@ local function sliding_window_counter(raw, now, limit, window, capacity, cost)
   -- The previous window's count, weighted by what is left of it, rounded up.
   local weighted, rest = muldiv(prev, window - (now - start), window)
   if rest > 0 then weighted = weighted + 1 end
-  local function reset_at(c)
-    if c > 0 then return start + 2 * window end
-    if prev > 0 then return start + window end
-    return now
-  end
   if weighted + cur + cost <= limit then
     local new_cur = cur + cost
-    local reset = reset_at(new_cur)
-    local value = fmt(start) .. ':' .. fmt(prev) .. ':' .. fmt(new_cur)
+    local reset = counter_reset_at(now, start, window, prev, new_cur)
+    local value = format('%d:%d:%d', start, prev, new_cur)
     return 1, limit - weighted - new_cur, reset, 0, value, reset - now
   end
   local retry
@@ -64,5 +67,5 @@ local function sliding_window_counter(raw, now, limit, window, capacity, cost)
   else
     retry = math.max(1, start + 2 * window - muldiv(limit - cost, window, cur) - now)
   end
-  return 0, math.max(0, limit - weighted - cur), reset_at(cur), retry
+  return 0, math.max(0, limit - weighted - cur), counter_reset_at(now, start, window, prev, cur), retry
 end

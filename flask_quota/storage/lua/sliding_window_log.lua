@@ -21,7 +21,7 @@ local function sliding_window_log(key, now, limit, window, capacity, cost)
       if reset - now <= 0 then
         redis.call('DEL', key)
       else
-        redis.call('PEXPIRE', key, math.ceil((reset - now) / 1000))
+        redis.call('PEXPIRE', key, ceil((reset - now) / 1000))
       end
     end
   end
