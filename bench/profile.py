@@ -15,9 +15,10 @@ rotating over 1,000 identities) called straight through ``app.wsgi_app``:
   machine's load: use them to compare two versions of the code.
 
 Cases: bare, hook (empty before_request), floor (one EVALSHA of
-``compare.FLOOR_SCRIPT``), mem (flask-quota on memory://), redis (flask-quota on
-Redis), redis-pyparser (the same with redis-py's pure-Python reply parser instead
-of hiredis: the difference is what hiredis saves). The newer tiers, each next to
+``compare.FLOOR_SCRIPT``), mem (flask-quota on memory://), mem-h0 (the same with
+``QUOTA_HEADERS=none``: what our six headers cost), redis (flask-quota on Redis),
+redis-pyparser (the same with redis-py's pure-Python reply parser instead of
+hiredis: the difference is what hiredis saves). The newer tiers, each next to
 ``redis`` (the measured request is the same ``GET /res``):
 
 * redis-tenant-unused: the plan has a ``tenant`` tier, the caller's Identity no tenant;
@@ -51,8 +52,8 @@ from redis._parsers import _RESP2Parser
 
 from flask_quota import Quota
 
-from .apps import ALLOW, RESOURCE, bare_app, quota_app
-from .compare import floor_app, hook_app
+from .apps import ALLOW, RESOURCE, bare_app, limiter_app, quota_app
+from .compare import ClientDriver, floor_app, hook_app
 from .driver import WsgiDriver, caller_sequence
 from .env import redis_server
 
@@ -104,13 +105,32 @@ TIER_CASES: dict[str, Callable[[str], Flask]] = {
     "redis-calendar-unused": calendar_unused_app,
     "redis-calendar": calendar_app,
 }
-CASES = ("bare", "hook", "floor", "mem", "redis", "redis-pyparser", *TIER_CASES)
-REDIS_CASES = ("floor", "redis", "redis-pyparser", *TIER_CASES)
+LIMITER_CASES: dict[str, Callable[[str], Flask]] = {
+    "fl-mem": lambda url: limiter_app("memory://"),
+    "fl-mem-h1": lambda url: limiter_app("memory://", headers=True),
+    "fl-redis": lambda url: limiter_app(url),
+    "fl-redis-h1": lambda url: limiter_app(url, headers=True),
+}
+CASES = (
+    "bare", "hook", "floor", "mem", "mem-h0", "redis", "redis-pyparser", *TIER_CASES,
+    *LIMITER_CASES,
+)  # fmt: skip
+REDIS_CASES = ("floor", "redis", "redis-pyparser", *TIER_CASES, "fl-redis", "fl-redis-h1")
+# (label, numerator, denominator) of the issue's must-shows, over bare.
+RATIOS = (
+    ("Redis: flask-quota / floor", "redis", "floor"),
+    ("Redis: Flask-Limiter (headers on) / flask-quota", "fl-redis-h1", "redis"),
+    ("Redis: Flask-Limiter (headers off) / flask-quota", "fl-redis", "redis"),
+    ("memory: Flask-Limiter (headers off) / flask-quota", "fl-mem", "mem"),
+    ("memory: Flask-Limiter (headers on) / flask-quota", "fl-mem-h1", "mem"),
+)
 
 
 def make_app(case: str, url: str, callers: list[tuple[str, str]]) -> Flask:
     if case in TIER_CASES:
         return TIER_CASES[case](url)
+    if case in LIMITER_CASES:
+        return LIMITER_CASES[case](url)
     if case == "bare":
         return bare_app()
     if case == "hook":
@@ -119,6 +139,8 @@ def make_app(case: str, url: str, callers: list[tuple[str, str]]) -> Flask:
         return floor_app(url, callers)
     if case == "mem":
         return quota_app("memory://")
+    if case == "mem-h0":
+        return quota_app("memory://", headers="none")
     if case == "redis":
         return quota_app(url)
     if case == "redis-pyparser":
@@ -140,9 +162,15 @@ def _server(case: str, url: str | None) -> Iterator[str]:
             yield started
 
 
-def driver_for(case: str, url: str) -> WsgiDriver:
+class _TestClientDriver(ClientDriver):
+    def expect(self, code: str) -> None:
+        self.expect_ok()
+
+
+def driver_for(case: str, url: str, client: bool = False) -> WsgiDriver | _TestClientDriver:
     callers = caller_sequence(1000, 1000)
-    driver = WsgiDriver(make_app(case, url, callers), callers)
+    app = make_app(case, url, callers)
+    driver = _TestClientDriver(app, callers) if client else WsgiDriver(app, callers)
     for _ in range(1000):  # warm: every caller's state exists, caches are filled
         driver()
     driver.expect("200")
@@ -154,8 +182,8 @@ def loop(driver: Callable[[], None], n: int) -> None:
     functools.reduce(lambda _, __: driver(), range(n), None)
 
 
-def run_cprofile(case: str, url: str, n: int, top: int) -> None:
-    driver = driver_for(case, url)
+def run_cprofile(case: str, url: str, n: int, top: int, client: bool) -> None:
+    driver = driver_for(case, url, client)
     profile = cProfile.Profile()
     profile.enable()
     loop(driver, n)
@@ -173,14 +201,14 @@ def run_cprofile(case: str, url: str, n: int, top: int) -> None:
         print(f"{tt:14.2f} {ct:14.2f} {calls:9.2f}  {where}")
 
 
-def run_count(case: str, url: str, n: int) -> None:
+def run_count(case: str, url: str, n: int, client: bool) -> None:
     """The body run under callgrind: warm up, then ``n`` requests inside the marker."""
-    driver = driver_for(case, url)
+    driver = driver_for(case, url, client)
     loop(driver, n)
     driver.expect("200")
 
 
-def callgrind(case: str, url: str, n: int) -> float:
+def callgrind(case: str, url: str, n: int, client: bool) -> float:
     """Instructions per request of ``case`` (client side: Redis runs in its own process)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "callgrind.out")
@@ -188,6 +216,7 @@ def callgrind(case: str, url: str, n: int) -> float:
             "valgrind", "--tool=callgrind", "--collect-atstart=no",
             f"--toggle-collect={MARK}", f"--callgrind-out-file={out}",
             sys.executable, "-m", "bench.profile", "--count", str(n), "--url", url, case,
+            *(["--client"] if client else []),
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
@@ -208,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cprofile", action="store_true", help="cProfile instead of callgrind")
     parser.add_argument("--top", type=int, default=30, help="functions shown by --cprofile")
     parser.add_argument("--url", help="an existing redis:// URL (default: start one)")
+    parser.add_argument("--client", action="store_true", help="through app.test_client()")
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)  # the callgrind child
     ns = parser.parse_args(argv)
     unknown = sorted(set(ns.cases) - set(CASES))
@@ -215,17 +245,33 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown case(s) {', '.join(unknown)}; use some of {', '.join(CASES)}")
     ns.cases = ns.cases or list(CASES)
     if ns.count is not None:
-        run_count(ns.cases[0], ns.url, ns.count)
+        run_count(ns.cases[0], ns.url, ns.count, ns.client)
         return 0
     needs_redis = any(c in REDIS_CASES for c in ns.cases)
+    counts: dict[str, float] = {}
     with _server("redis", ns.url) if needs_redis else nullcontext("") as url:
         for case in ns.cases:
             if ns.cprofile:
-                run_cprofile(case, url, ns.n, ns.top)
+                run_cprofile(case, url, ns.n, ns.top, ns.client)
             else:
-                print(f"{case}: {callgrind(case, url, ns.n):,.0f} instructions per request")
+                counts[case] = callgrind(case, url, ns.n, ns.client)
+                print(f"{case}: {counts[case]:,.0f} instructions per request")
             sys.stdout.flush()
+    print_ratios(counts)
     return 0
+
+
+def print_ratios(counts: dict[str, float]) -> None:
+    """Each case's instructions over ``bare``, and the must-show ratios of those."""
+    if "bare" not in counts:
+        return
+    added = {case: count - counts["bare"] for case, count in counts.items() if case != "bare"}
+    print("added over bare:")
+    for case, extra in added.items():
+        print(f"  {case}: {extra:,.0f}")
+    for label, top, bottom in RATIOS:
+        if top in added and bottom in added and added[bottom] > 0:
+            print(f"{label}: {added[top] / added[bottom]:.3f}")
 
 
 if __name__ == "__main__":

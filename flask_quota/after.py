@@ -10,18 +10,19 @@ teardown, which also catches what a failing hook left behind.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from flask import Response, current_app, g
+from flask import Response, g
+from werkzeug.datastructures import Headers
 
 from .core.enforcer import Decided, Enforcer
 from .core.errors import QuotaExceeded
-from .core.headers import RETRY_AFTER, HeaderMode, apply_headers, rate_limit_headers
+from .core.headers import OURS, RETRY_AFTER, HeaderMode, apply_headers, rate_limit_headers
 from .core.policy import LimitSpec
 from .state import QuotaState
 
-__all__ = ["NOTHING_AFTER", "after_request", "release_at_teardown"]
+__all__ = ["NOTHING_AFTER", "after_hook", "teardown_hook"]
 
 log = logging.getLogger("flask_quota")
 
@@ -29,65 +30,94 @@ log = logging.getLogger("flask_quota")
 NOTHING_AFTER: tuple[int, int | None] = (0, None)
 
 
-def after_request(response: Response) -> Response:
-    """The after-request hook: headers, settlement and the leases of ``response``."""
-    scope = g._get_current_object()
-    denial: QuotaExceeded | None = scope.__dict__.pop("_quota_denial", None)
-    if denial is not None:
-        names = current_app.extensions["quota"].settings.header_names
-        wait = names.get(RETRY_AFTER, RETRY_AFTER) if names else RETRY_AFTER
-        if wait not in response.headers:
-            # The app's own @app.errorhandler(QuotaExceeded) answered: the wait still
-            # holds (a block's rest, not the tier's, when this request was blocked).
-            response.headers[wait] = str(denial.retry_after)
-        if names:  # e.g. the handler returned error.get_response(): our usual names
-            _rename(response, names)
-    decided: Decided | None = scope.__dict__.pop("_quota", None)
-    if decided is None:
+def after_hook(state: QuotaState) -> Callable[[Response], Response]:
+    """The after-request hook of the app whose quota ``state`` is: headers, settlement
+    and the leases of the response."""
+
+    def after_request(response: Response) -> Response:
+        scope = g._get_current_object()
+        found = scope.__dict__  # read once: the hook pops several of our entries
+        if "_quota_denial" in found:
+            _denied(state, response, found.pop("_quota_denial"))
+        decided: Decided | None = found.pop("_quota", None)
+        if decided is None:
+            return response
+        settings = state.settings
+        mode, names, headers = settings.headers, settings.header_names, response.headers
+        route, reply, spec = decided.route, decided.reply, decided.spec
+        if route.leases and mode is not HeaderMode.NONE:
+            _add(headers, route.lease_headers(reply), names)
+        decision = None
+        if found.pop("_quota_inner", False):
+            # A quota.limited inside the view denied: the 429 is that limit's, and the
+            # view's own headers would contradict its body.
+            pass
+        elif spec is not None and reply.all_allowed and response.is_streamed:
+            # The stream may still call quota.settle or quota.charge while it runs: they
+            # are settled when it ends. Its headers left before, so they show admission.
+            _add(headers, route.headers(reply, mode), names)
+            response.call_on_close(_Settle(state, decided, scope, response))
+        # What the view asked for after the response: quota.charge's units, quota.settle's.
+        elif (after := _settlement(found, decided, response)) is not None:
+            decision = state.enforcer.settle(decided, **after)
+            _add(headers, rate_limit_headers(decision, mode), names)
+        else:
+            _add(headers, route.headers(reply, mode), names)
+        if state.usage is not None:
+            decision = decision or decided.decision()
+            state.usage.record(decided.tag, decision.plan, decision.usage_outcomes())
+        if route.leases and response.is_streamed:
+            # Last, so that a failure above leaves the lease to the teardown: a streamed
+            # response holds its leases until it is closed (its stream ended).
+            leased: Decided | None = found.pop("_quota_leased", None)
+            if leased is not None:
+                release = _Release(state.enforcer, leased)
+                scope._quota_release = release  # for the teardown, if a later hook raises
+                response.call_on_close(release)
         return response
-    state: QuotaState = current_app.extensions["quota"]
-    mode, headers, spec = state.settings.headers, response.headers, decided.spec
+
+    return after_request
+
+
+def _add(headers: Headers, pairs: list[tuple[str, str]], names: Mapping[str, str] | None) -> None:
+    """``apply_headers``, with a fast path for a response's own Werkzeug ``Headers`` that
+    holds none of ours (the usual case): its pair list is extended directly, skipping
+    ``add``'s search of each value for a line break (ours are printable ASCII)."""
+    if not names and type(headers) is Headers:
+        listed = headers._list
+        for name, _ in listed:
+            if name.lower() in OURS:
+                break
+        else:
+            listed.extend(pairs)
+            return
+    apply_headers(headers, pairs, names)
+
+
+def _denied(state: QuotaState, response: Response, denial: QuotaExceeded) -> None:
+    """A denied request's response: its ``Retry-After``, under our header names."""
     names = state.settings.header_names
-    if decided.route.leases and mode is not HeaderMode.NONE:
-        apply_headers(headers, decided.route.lease_headers(decided.reply), names)
-    decision = None
-    if scope.__dict__.pop("_quota_inner", False):
-        # A quota.limited inside the view denied: the 429 is that limit's, and the
-        # view's own headers would contradict its body.
-        pass
-    elif response.is_streamed and spec is not None and decided.reply.all_allowed:
-        # The stream may still call quota.settle or quota.charge while it runs: they
-        # are settled when it ends. Its headers left before, so they show admission.
-        apply_headers(headers, decided.route.headers(decided.reply, mode), names)
-        response.call_on_close(_Settle(state, decided, scope, response))
-    # What the view asked for after the response: quota.charge's units, quota.settle's.
-    elif (after := _settlement(scope, decided, response)) is not None:
-        decision = state.enforcer.settle(decided, **after)
-        apply_headers(headers, rate_limit_headers(decision, mode), names)
-    else:
-        apply_headers(headers, decided.route.headers(decided.reply, mode), names)
-    if state.usage is not None:
-        decision = decision or decided.decision()
-        state.usage.record(decided.tag, decision.plan, decision.usage_outcomes())
-    if decided.route.leases and response.is_streamed:
-        # Last, so that a failure above leaves the lease to the teardown: a streamed
-        # response holds its leases until it is closed (its stream ended).
-        leased: Decided | None = scope.__dict__.pop("_quota_leased", None)
-        if leased is not None:
-            release = _Release(state.enforcer, leased)
-            scope._quota_release = release  # for the teardown, if a later hook raises
-            response.call_on_close(release)
-    return response
+    wait = names.get(RETRY_AFTER, RETRY_AFTER) if names else RETRY_AFTER
+    if wait not in response.headers:
+        # The app's own @app.errorhandler(QuotaExceeded) answered: the wait still
+        # holds (a block's rest, not the tier's, when this request was blocked).
+        response.headers[wait] = str(denial.retry_after)
+    if names:  # e.g. the handler returned error.get_response(): our usual names
+        _rename(response, names)
 
 
-def _settlement(scope: Any, decided: Decided, response: Response) -> dict[str, Any] | None:
+def _settlement(
+    found: dict[str, Any], decided: Decided, response: Response
+) -> dict[str, Any] | None:
     """``Enforcer.settle``'s arguments for an admitted request whose view charged, settled
-    or has a ``charge_when`` to ask; None when nothing changes its charge."""
-    extra, actual = scope.__dict__.pop("_quota_after", NOTHING_AFTER)
+    or has a ``charge_when`` to ask; None when nothing changes its charge. ``found`` is
+    the request's ``g.__dict__``."""
+    extra, actual = found.pop("_quota_after", NOTHING_AFTER)
     spec = decided.spec
     if spec is None or not decided.reply.all_allowed:
         return None
-    if not (spec.charge_when or extra or actual is not None or _judged(decided.more)):
+    more = decided.more
+    if not (spec.charge_when or extra or actual is not None or (more and _judged(more))):
         return None
 
     def counted(limit: LimitSpec) -> bool:
@@ -106,7 +136,7 @@ class _Settle:
         self.state, self.decided, self.scope, self.response = state, decided, scope, response
 
     def __call__(self) -> None:
-        after = _settlement(self.scope, self.decided, self.response)
+        after = _settlement(self.scope.__dict__, self.decided, self.response)
         if after is None:
             return
         try:
@@ -140,18 +170,24 @@ class _Release:
             self.enforcer.release(decided)
 
 
-def release_at_teardown(error: BaseException | None) -> None:
-    """Give back the leases of a request whose response is not streamed, or that got
-    none (its view raised past the error handlers, an after-request hook failed, also
-    after a streamed response's close hook was set: that response is never sent)."""
-    scope = g._get_current_object()
-    leased: Decided | None = scope.__dict__.pop("_quota_leased", None)
-    if leased is not None:
-        state: QuotaState = current_app.extensions["quota"]
-        _Release(state.enforcer, leased)()
-    release: _Release | None = scope.__dict__.pop("_quota_release", None)
-    if release is not None and error is not None:
-        release()  # gives back once, whichever of it and the close comes first
+def teardown_hook(state: QuotaState) -> Callable[[BaseException | None], None]:
+    """The teardown hook of the app whose quota ``state`` is: it gives back the leases of
+    a request whose response is not streamed, or that got none (its view raised past the
+    error handlers, an after-request hook failed, also after a streamed response's close
+    hook was set: that response is never sent)."""
+
+    def release_at_teardown(error: BaseException | None) -> None:
+        if not state.leasing:  # no request of this app ever held a lease: none to give back
+            return
+        found = g._get_current_object().__dict__
+        leased: Decided | None = found.pop("_quota_leased", None)
+        if leased is not None:
+            _Release(state.enforcer, leased)()
+        release: _Release | None = found.pop("_quota_release", None)
+        if release is not None and error is not None:
+            release()  # gives back once, whichever of it and the close comes first
+
+    return release_at_teardown
 
 
 def _judged(more: tuple[LimitSpec, ...]) -> bool:

@@ -25,7 +25,7 @@ from flask import (
 )
 
 from . import signals
-from .after import NOTHING_AFTER, after_request, release_at_teardown
+from .after import NOTHING_AFTER, after_hook, teardown_hook
 from .cli import quota_cli
 from .core import leases, validators
 from .core.enforcer import Decided, Enforcer, Facts, limit_hooks, stack_hooks
@@ -80,6 +80,9 @@ def _gunicorn_workers() -> int | None:
         elif arg.startswith("-w") and arg[2:].isdigit():
             workers = arg[2:]
     return int(workers) if workers and workers.isdigit() else None
+
+
+_UNLOADED = object()  # ``Quota._identify``: the identity loader has not been asked yet
 
 
 class Quota:
@@ -196,9 +199,10 @@ class Quota:
             metrics=metrics,
         )
         sql.autostart(app, needed=settings.dashboard_url is not None)
-        app.before_request(self._before_request)
-        app.after_request(after_request)
-        app.teardown_request(release_at_teardown)
+        # Hooks bound to this app's state: a request looks up no ``current_app`` for it.
+        app.before_request(self._before_hook(state))
+        app.after_request(after_hook(state))
+        app.teardown_request(teardown_hook(state))
         if settings.dashboard_url is not None:
             from .dashboard import make_blueprint  # the dashboard is loaded only when mounted
 
@@ -474,15 +478,24 @@ class Quota:
 
         return flask_quota_status
 
-    def _before_request(self) -> None:
+    def _before_hook(self, state: QuotaState) -> Callable[[], None]:
+        """The before-request hook of the app whose quota ``state`` is (a plain function:
+        Flask asks every hook, every request, whether it is a coroutine)."""
+
+        def before_request() -> None:
+            self._before_request(state)
+
+        return before_request
+
+    def _before_request(self, state: QuotaState) -> None:
         # The proxies (request, current_app, g) cost ~1 us per access: unwrap them once.
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
-        app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
-        state: QuotaState = app.extensions["quota"]  # there: init_app registered this hook
         settings = state.settings
+        environ = req.environ
         if settings.header_names:  # for the headers of the errors we raise (errors.py)
-            req.environ[ENVIRON_KEY] = settings.header_names
-        if not settings.enabled or req.method in settings.exempt_methods:
+            environ[ENVIRON_KEY] = settings.header_names
+        method = req.method
+        if not settings.enabled or method in settings.exempt_methods:
             return
         for check in self._request_filters:
             if check():
@@ -491,23 +504,34 @@ class Quota:
         spec: LimitSpec | None = None
         specs: tuple[LimitSpec, ...] = ()
         if endpoint is not None:
-            exempt, specs = state.views.get(endpoint) or state.view_limit(app, endpoint)
+            exempt, specs = state.views.get(endpoint) or state.view_limit(
+                current_app._get_current_object(),  # type: ignore[attr-defined]
+                endpoint,
+            )
             if exempt:
                 return
             if len(specs) == 1:  # the usual case: one limit
                 spec = specs[0]
                 if spec.exempt_when is not None and spec.exempt_when():
                     spec = None
-        identity = self._identify(settings, req)
-        if "HTTP_X_FORWARDED_FOR" in req.environ and not state.proxy_warned:
+        loader = self._identity_loader
+        identity = loader() if loader is not None else None
+        if type(identity) is not Identity:  # else what _identify would return (the usual case)
+            identity = self._identify(settings, req, identity)
+        if "HTTP_X_FORWARDED_FOR" in environ and not state.proxy_warned:
             _warn_no_proxy_fix(state, req)
         ip_tag = remote_ip_tag(req.remote_addr)
         if len(specs) > 1:  # stacked limits: each is evaluated, all in one decision
             spec, cost, owner, more = stack_hooks(specs, endpoint)
-            facts = Facts(req.method, endpoint, ip_tag, identity, spec, cost, owner, more)
+            facts = Facts(method, endpoint, ip_tag, identity, spec, cost, owner, more)
+        elif spec is None:
+            facts = Facts(method, endpoint, ip_tag, identity)
+        elif spec.key is None and spec.rate_of is None and isinstance(weight := spec.cost, int):
+            # Nothing of the view's to call (the usual case): what limit_hooks would say.
+            facts = Facts(method, endpoint, ip_tag, identity, spec, weight)
         else:
             spec, cost, owner = limit_hooks(spec, endpoint)
-            facts = Facts(req.method, endpoint, ip_tag, identity, spec, cost, owner)
+            facts = Facts(method, endpoint, ip_tag, identity, spec, cost, owner)
         try:
             decided = state.enforcer.decide(facts, _keep)
         except QuotaExceeded as exc:
@@ -519,11 +543,16 @@ class Quota:
             scope = g._get_current_object()
             scope._quota = decided
             if decided.route.leases and decided.reply.all_allowed:
+                state.leasing = True  # from now on, the teardown hook looks for leases
                 scope._quota_leased = decided  # given back after the response (after.py)
 
-    def _identify(self, settings: Settings, req: Request) -> Identity | None:
+    def _identify(
+        self, settings: Settings, req: Request, loaded: object = _UNLOADED
+    ) -> Identity | None:
+        """The caller: the identity loader's answer (``loaded``, when the caller asked it
+        already), else the API key's client, else None (anonymous)."""
         if self._identity_loader is not None:
-            identity = self._identity_loader()
+            identity = self._identity_loader() if loaded is _UNLOADED else loaded
             if identity is not None:
                 if not isinstance(identity, Identity):
                     raise TypeError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import StrEnum
+from functools import partial
 from typing import Any, NamedTuple
 
 from .clock import US
@@ -119,6 +120,11 @@ class Step(NamedTuple):
         return Outcome(*self[:5])
 
 
+# ``Step(...)`` calls the named tuple's ``__new__``, a Python function; this builds the
+# same Step from a tuple of its fields in C (a request takes one Step per tier).
+_step = partial(tuple.__new__, Step)
+
+
 def unfit(algorithm: Algorithm, rate: Rate) -> str | None:
     """Why ``algorithm`` cannot enforce ``rate`` at a bounded cost per decision, or None.
 
@@ -148,14 +154,14 @@ def token_bucket(tat: int | None, now: int, rate: Rate, cost: int) -> Step:
     base = now if tat is None or tat < now else tat
     if cost > rate.capacity:  # never fits, however long the caller waits: say one window
         remaining = (tau - (base - now)) // interval
-        return Step(False, rate.capacity, remaining, base, rate.window_us, tat, 0)
+        return _step((False, rate.capacity, remaining, base, rate.window_us, tat, 0))
     new_tat = base + cost * interval
     if new_tat - now <= tau:
         remaining = (tau - (new_tat - now)) // interval
-        return Step(True, rate.capacity, remaining, new_tat, 0, new_tat, new_tat - now)
+        return _step((True, rate.capacity, remaining, new_tat, 0, new_tat, new_tat - now))
     remaining = (tau - (base - now)) // interval
     retry = new_tat - tau - now
-    return Step(False, rate.capacity, remaining, base, retry, tat, 0)
+    return _step((False, rate.capacity, remaining, base, retry, tat, 0))
 
 
 def fixed_window(state: tuple[int, int] | None, now: int, rate: Rate, cost: int) -> Step:
@@ -174,11 +180,11 @@ def window_step(
     if count + cost <= limit:
         used = count + cost
         reset = end if used > 0 else now
-        return Step(True, limit, limit - used, reset, 0, (start, used), reset - now)
+        return _step((True, limit, limit - used, reset, 0, (start, used), reset - now))
     reset = end if count > 0 else now
     # A cost above the limit never fits; say "one window" rather than "never".
     retry = end - now if cost <= limit else end - start
-    return Step(False, limit, limit - count, reset, retry, state, 0)
+    return _step((False, limit, limit - count, reset, retry, state, 0))
 
 
 def sliding_window_log(log: tuple[int, ...] | None, now: int, rate: Rate, cost: int) -> Step:
@@ -189,11 +195,11 @@ def sliding_window_log(log: tuple[int, ...] | None, now: int, rate: Rate, cost: 
     if count + cost <= rate.limit:
         new = live + (now,) * cost
         reset = new[-1] + window if new else now
-        return Step(True, rate.limit, rate.limit - len(new), reset, 0, new, reset - now)
+        return _step((True, rate.limit, rate.limit - len(new), reset, 0, new, reset - now))
     reset = live[-1] + window if live else now
     # The request fits once the (count + cost - limit) oldest entries have expired.
     retry = live[count + cost - rate.limit - 1] + window - now if cost <= rate.limit else window
-    return Step(False, rate.limit, rate.limit - count, reset, retry, log, 0)
+    return _step((False, rate.limit, rate.limit - count, reset, retry, log, 0))
 
 
 def sliding_window_counter(
@@ -212,26 +218,30 @@ def sliding_window_counter(
     if weighted + cur + cost <= rate.limit:
         cur += cost
         reset = counter_reset(start, prev, cur, now, window)
-        return Step(
-            True,
-            rate.limit,
-            rate.limit - weighted - cur,
-            reset,
-            0,
-            (start, prev, cur),
-            reset - now,
+        return _step(
+            (
+                True,
+                rate.limit,
+                rate.limit - weighted - cur,
+                reset,
+                0,
+                (start, prev, cur),
+                reset - now,
+            )
         )
     remaining = max(0, rate.limit - weighted - cur)
     retry = _counter_retry(start, prev, cur, now, rate, cost)
     reset = counter_reset(start, prev, cur, now, window)
-    return Step(
-        False,
-        rate.limit,
-        remaining,
-        reset,
-        retry,
-        state,
-        0,
+    return _step(
+        (
+            False,
+            rate.limit,
+            remaining,
+            reset,
+            retry,
+            state,
+            0,
+        )
     )
 
 
@@ -317,8 +327,8 @@ def block_gate(state: tuple[int, str] | None, now: int, rate: Rate, cost: int) -
     """Denied until the block ends; the state is ``(until, info)``. Never stores anything."""
     until = state[0] if state is not None else 0
     if until > now:
-        return Step(False, 0, 0, until, until - now, state, 0)
-    return Step(True, 0, 0, now, 0, None, 0)
+        return _step((False, 0, 0, until, until - now, state, 0))
+    return _step((True, 0, 0, now, 0, None, 0))
 
 
 ALGORITHMS: dict[Algorithm | Gate, Callable[[Any, int, Rate, int], Step]] = {

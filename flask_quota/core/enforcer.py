@@ -318,9 +318,10 @@ class Enforcer:
         decided = Decided(
             route, reply, keys, tag, spec, tuple(s for s, _, _ in more) if more else ()
         )
+        admitted = reply.all_allowed
         # Only an admitted request was charged, so only it can cross the near-limit line.
-        crossed = route.crossings(reply) if reply.all_allowed else None
-        if not crossed and reply.all_allowed and not route.shadow and observer is None:
+        crossed = route.crossings(reply) if admitted and route.lines else None
+        if not crossed and admitted and not route.shadow and observer is None:
             return decided  # nothing to signal or count: the usual case
         blocked, decision = route.decision(reply)
         if observer is not None:

@@ -16,6 +16,7 @@ __all__ = [
     "ENVIRON_KEY",
     "LIMIT",
     "NAMES",
+    "OURS",
     "POLICY",
     "RATELIMIT",
     "REMAINING",
@@ -125,7 +126,7 @@ def policy_header(tiers: tuple[tuple[str, int, int], ...]) -> str:
 
 
 # Lower-cased: when the response has none of them, appending gives what replacing would.
-_OURS = frozenset(name.lower() for name in (*NAMES, CONCURRENCY_LIMIT, CONCURRENCY_REMAINING))
+OURS = frozenset(name.lower() for name in (*NAMES, CONCURRENCY_LIMIT, CONCURRENCY_REMAINING))
 
 
 def apply_headers(
@@ -142,7 +143,7 @@ def apply_headers(
             headers[names.get(name, name)] = value
         return
     for name in headers.keys():  # noqa: SIM118 (Headers iterates pairs, not names)
-        if name.lower() in _OURS:
+        if name.lower() in OURS:
             break
     else:
         for name, value in pairs:

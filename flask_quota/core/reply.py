@@ -110,6 +110,24 @@ class Reply(list[int]):
                 return found
         return self.closest(among)
 
+    def shown_state(self, among: Sequence[int]) -> tuple[int, int, int, int]:
+        """(``shown(among)``, its remaining, its reset_us, now_us): what the headers
+        write, read in one call (the after-request path)."""
+        if self[1]:  # all allowed (the usual case): ``closest``, inlined
+            found = among[0]
+            j = _HEAD + _STRIDE * found
+            fewest, latest = self[j + 1], self[j + 2]
+            for i in among:
+                j = _HEAD + _STRIDE * i
+                left, reset = self[j + 1], self[j + 2]
+                if left < fewest or (left == fewest and reset > latest):
+                    found, fewest, latest = i, left, reset
+        else:
+            found = self.shown(among)
+            j = _HEAD + _STRIDE * found
+            fewest, latest = self[j + 1], self[j + 2]
+        return found, int(fewest), int(latest), int(self[0])
+
 
 class LocalReply(Reply):
     """A reply of the in-process fallback (fail mode ``local``), not of the storage:

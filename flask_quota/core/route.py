@@ -223,9 +223,8 @@ class Route:
         reply and this route's precomputed texts (no ``Decision`` is made)."""
         if not self.enforced or mode is HeaderMode.NONE:
             return []
-        shown = reply.shown(self.shown_among)
-        remaining = str(max(0, reply.remaining(shown)))
-        reset_us = reply.reset_us(shown)
+        shown, left, reset_us, now_us = reply.shown_state(self.shown_among)
+        remaining = str(max(0, left))
         tier = shown - 1
         if mode is HeaderMode.IETF:
             headers: list[tuple[str, str]] = []
@@ -238,7 +237,7 @@ class Route:
             ]
             if mode is HeaderMode.LEGACY:
                 return headers
-        reset_in = max(0, -(-(reset_us - reply.now_us) // US))  # seconds_until, inlined
+        reset_in = max(0, -(-(reset_us - now_us) // US))  # seconds_until, inlined
         headers.append((POLICY, self.policy))
         headers.append((RATELIMIT, f"{self.labels[tier]};r={remaining};t={reset_in}"))
         return headers

@@ -74,10 +74,6 @@ class MemoryStorage:
         """Charge every check if all of them allow; otherwise charge none."""
         return verdict_of(checks, self._run(checks, [c.key for c in checks], commit=True))
 
-    def decide_flat(self, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
-        """``decide`` on ``keys``, as a flat ``Reply`` (the request path)."""
-        return self._run(checks, keys, commit=True)
-
     def peek(self, checks: Sequence[Check]) -> Verdict:
         """Answer as ``decide`` would without changing anything."""
         return verdict_of(checks, self._run(checks, [c.key for c in checks], commit=False))
@@ -165,7 +161,11 @@ class MemoryStorage:
         with self._lock:
             self._sweep(self._clock())
 
-    def _run(self, checks: Sequence[Check], keys: Sequence[str], *, commit: bool) -> Reply:
+    def decide_flat(
+        self, checks: Sequence[Check], keys: Sequence[str], *, commit: bool = True
+    ) -> Reply:
+        """``decide`` on ``keys``, as a flat ``Reply`` (the request path); with ``commit``
+        False, ``peek``'s answer (nothing changes)."""
         found = self._shapes.current.get(id(checks))
         shape = found[1] if found is not None and found[0] is checks else self._shape(checks)
         with self._lock:
@@ -176,6 +176,7 @@ class MemoryStorage:
             data = self._data
             get, gate = data.get, block_gate  # locals: read once per check
             reply = Reply((now, 1))
+            admitted = True  # what reply.all_allowed says, kept in a local
             writes = []  # (key, state, ttl) of each check that allowed
             for key, (step_of, rate, cost, shadow) in zip(keys, shape, strict=True):
                 entry = get(key)
@@ -198,7 +199,8 @@ class MemoryStorage:
                         writes.append((key, state, ttl))
                 elif not shadow:
                     reply.deny_all()
-            if commit and reply.all_allowed:
+                    admitted = False
+            if commit and admitted:
                 slots = self._slots
                 for key, state, ttl in writes:
                     if ttl <= 0:
@@ -221,6 +223,9 @@ class MemoryStorage:
                     else:
                         filed.add(key)
             return reply
+
+    # ``decide`` and ``peek`` run this one: a subclass's own ``decide_flat`` changes neither.
+    _run = decide_flat
 
     def _shape(self, checks: Sequence[Check]) -> list[_Shape]:
         if type(checks) is not tuple:  # a list is made per call: not worth keeping
