@@ -3,7 +3,7 @@
 -- table reads per use), set by script_now, which every entry calls first: a function
 -- library is loaded where math and string cannot be reached. (tostring would not do
 -- for fmt: Lua 5.1 prints a number with %.14g, which rounds a microsecond time.)
-local floor, ceil, format
+local floor, ceil, format, modern
 local function fmt(n)
   return format('%d', n)
 end
@@ -32,11 +32,14 @@ end
 -- The script's clock: ARGV's integer microsecond time (tests only) or, when it is
 -- "", the Redis server's. Effects replication first, so writes may follow TIME.
 -- Redis 7 (the first with REDIS_VERSION_NUM) always replicates effects, and its
--- replicate_commands is a no-op: only an older server is asked.
+-- replicate_commands is a no-op: only an older server is asked. The upvalues above
+-- are set once where they last (a function library: Redis 7+, so `modern`); a
+-- script's chunk runs anew on every call, and sets them every time.
 local function script_now(arg)
-  floor, ceil, format = math.floor, math.ceil, string.format
-  if redis.replicate_commands and not redis.REDIS_VERSION_NUM then
-    pcall(redis.replicate_commands)
+  if not modern then
+    floor, ceil, format = math.floor, math.ceil, string.format
+    modern = redis.REDIS_VERSION_NUM ~= nil
+    if not modern and redis.replicate_commands then pcall(redis.replicate_commands) end
   end
   local now = arg ~= '' and tonumber(arg)
   if not now then

@@ -69,12 +69,6 @@ local function shape_of(ARGV)
   return shape
 end
 
--- A TTL in microseconds (an integer, > 0) as SET's PX: milliseconds, rounded up, as a
--- string. Redis would print a number argument with %.17g, dearer than Lua's %d.
-local function ms_of(ttl)
-  return format('%d', ceil(ttl / 1000))
-end
-
 local function decide(KEYS, ARGV)
   local now = script_now(ARGV[2])
 
@@ -85,13 +79,14 @@ local function decide(KEYS, ARGV)
                     nil, nil, nil}, 2
   -- key, state, ttl and how to write it (0: over a state read, 1: a state read as
   -- absent, 2: a function) of each check that allowed
-  local writes, w = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}, 0
+  local writes, w, fresh = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}, 0, 0
+  local call = redis.call
   local shape, bad = shape_of(ARGV)
   if shape == nil then return redis.error_reply('flask-quota: unknown algorithm ' .. bad) end
   -- Every key is read, in one MGET: a sliding log's list or a lease's set is read as
   -- absent there, and the log and the lease read their own.
   local values = KEYS
-  if KEYS[1] then values = redis.call('MGET', unpack(KEYS)) end
+  if KEYS[1] then values = call('MGET', unpack(KEYS)) end
 
   for i = 1, #KEYS do
     local spec = shape[i]
@@ -134,35 +129,37 @@ local function decide(KEYS, ARGV)
         w = w + 4
       elseif ttl > 0 then
         writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = key, state, ttl, 1
-        w = w + 4
+        w, fresh = w + 4, fresh + 1
       end
     end
     reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = allowed, remaining, reset, retry
     n = n + 4
   end
 
+  -- A TTL is sent to SET's PX in milliseconds, rounded up, as a string: Lua's %d costs
+  -- less than the %.17g Redis would print a number argument with.
   if reply[2] == 1 and ARGV[1] == 'decide' then
     -- MGET answers nil for a key of another type as for a missing one, so a state read
     -- as absent is written first, with NX: a key that refuses it holds something else,
     -- and the call fails (as the GET it replaces did) with nothing written: the states
     -- written before it were absent, so deleting them undoes them. Never overwritten.
-    for j = 1, w, 4 do
-      if writes[j + 3] == 1 and not redis.call('SET', writes[j], writes[j + 1], 'PX',
-                                               ms_of(writes[j + 2]), 'NX') then
+    for j = 1, fresh > 0 and w or 0, 4 do
+      if writes[j + 3] == 1 and not call('SET', writes[j], writes[j + 1], 'PX',
+                                         format('%d', ceil(writes[j + 2] / 1000)), 'NX') then
         for u = 1, j - 1, 4 do
-          if writes[u + 3] == 1 then redis.call('DEL', writes[u]) end
+          if writes[u + 3] == 1 then call('DEL', writes[u]) end
         end
         return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
       end
     end
-    for j = 1, w, 4 do
+    for j = 1, fresh * 4 < w and w or 0, 4 do -- the rest, if any
       local how = writes[j + 3]
       if how == 0 then
         local ttl = writes[j + 2]
         if ttl <= 0 then
-          redis.call('DEL', writes[j])
+          call('DEL', writes[j])
         else
-          redis.call('SET', writes[j], writes[j + 1], 'PX', ms_of(ttl))
+          call('SET', writes[j], writes[j + 1], 'PX', format('%d', ceil(ttl / 1000)))
         end
       elseif how == 2 then
         writes[j + 1]()

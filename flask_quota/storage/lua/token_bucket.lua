@@ -4,9 +4,9 @@
 -- over the limit, rounded down) and tau (capacity * interval) are the check's, worked
 -- out once per check (decide.lua's spec_of).
 local function token_bucket(raw, now, interval, tau, window, capacity, cost)
-  local tat = tonumber(raw)
+  local tat = raw and tonumber(raw) -- false (absent): no call
   local base = now
-  if tat ~= nil and tat > now then base = tat end
+  if tat and tat > now then base = tat end
   if cost > capacity then -- never fits, however long the caller waits: say one window
     return 0, floor((tau - (base - now)) / interval), base, window
   end
