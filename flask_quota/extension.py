@@ -479,72 +479,69 @@ class Quota:
         return flask_quota_status
 
     def _before_hook(self, state: QuotaState) -> Callable[[], None]:
-        """The before-request hook of the app whose quota ``state`` is (a plain function:
-        Flask asks every hook, every request, whether it is a coroutine)."""
+        """The before-request hook of the app whose quota ``state`` is: a plain function,
+        the cheapest for the coroutine check Flask makes of every hook on every request."""
 
         def before_request() -> None:
-            self._before_request(state)
+            # The proxies (request, current_app, g) cost ~1 us per access: unwrap them once.
+            req: Request = request._get_current_object()  # type: ignore[attr-defined]
+            settings = state.settings
+            environ = req.environ
+            if settings.header_names:  # for the headers of the errors we raise (errors.py)
+                environ[ENVIRON_KEY] = settings.header_names
+            method = req.method
+            if not settings.enabled or method in settings.exempt_methods:
+                return
+            for check in self._request_filters:
+                if check():
+                    return
+            endpoint = req.endpoint
+            spec: LimitSpec | None = None
+            specs: tuple[LimitSpec, ...] = ()
+            if endpoint is not None:
+                exempt, specs = state.views.get(endpoint) or state.view_limit(
+                    current_app._get_current_object(),  # type: ignore[attr-defined]
+                    endpoint,
+                )
+                if exempt:
+                    return
+                if len(specs) == 1:  # the usual case: one limit
+                    spec = specs[0]
+                    if spec.exempt_when is not None and spec.exempt_when():
+                        spec = None
+            loader = self._identity_loader
+            identity = loader() if loader is not None else None
+            if type(identity) is not Identity:  # else what _identify would return (the usual case)
+                identity = self._identify(settings, req, identity)
+            if "HTTP_X_FORWARDED_FOR" in environ and not state.proxy_warned:
+                _warn_no_proxy_fix(state, req)
+            ip_tag = remote_ip_tag(req.remote_addr)
+            if len(specs) > 1:  # stacked limits: each is evaluated, all in one decision
+                spec, cost, owner, more = stack_hooks(specs, endpoint)
+                facts = Facts(method, endpoint, ip_tag, identity, spec, cost, owner, more)
+            elif spec is None:
+                facts = Facts(method, endpoint, ip_tag, identity)
+            elif spec.key is None and spec.rate_of is None and isinstance(weight := spec.cost, int):
+                # Nothing of the view's to call (the usual case): what limit_hooks would say.
+                facts = Facts(method, endpoint, ip_tag, identity, spec, weight)
+            else:
+                spec, cost, owner = limit_hooks(spec, endpoint)
+                facts = Facts(method, endpoint, ip_tag, identity, spec, cost, owner)
+            try:
+                decided = state.enforcer.decide(facts, _keep)
+            except QuotaExceeded as exc:
+                # Noted so the after-request hook can give its Retry-After to a response
+                # the app's own error handler made.
+                g._get_current_object()._quota_denial = exc
+                raise
+            if decided is not None:
+                scope = g._get_current_object()
+                scope._quota = decided
+                if decided.route.leases and decided.reply.all_allowed:
+                    state.leasing = True  # from now on, the teardown hook looks for leases
+                    scope._quota_leased = decided  # given back after the response (after.py)
 
         return before_request
-
-    def _before_request(self, state: QuotaState) -> None:
-        # The proxies (request, current_app, g) cost ~1 us per access: unwrap them once.
-        req: Request = request._get_current_object()  # type: ignore[attr-defined]
-        settings = state.settings
-        environ = req.environ
-        if settings.header_names:  # for the headers of the errors we raise (errors.py)
-            environ[ENVIRON_KEY] = settings.header_names
-        method = req.method
-        if not settings.enabled or method in settings.exempt_methods:
-            return
-        for check in self._request_filters:
-            if check():
-                return
-        endpoint = req.endpoint
-        spec: LimitSpec | None = None
-        specs: tuple[LimitSpec, ...] = ()
-        if endpoint is not None:
-            exempt, specs = state.views.get(endpoint) or state.view_limit(
-                current_app._get_current_object(),  # type: ignore[attr-defined]
-                endpoint,
-            )
-            if exempt:
-                return
-            if len(specs) == 1:  # the usual case: one limit
-                spec = specs[0]
-                if spec.exempt_when is not None and spec.exempt_when():
-                    spec = None
-        loader = self._identity_loader
-        identity = loader() if loader is not None else None
-        if type(identity) is not Identity:  # else what _identify would return (the usual case)
-            identity = self._identify(settings, req, identity)
-        if "HTTP_X_FORWARDED_FOR" in environ and not state.proxy_warned:
-            _warn_no_proxy_fix(state, req)
-        ip_tag = remote_ip_tag(req.remote_addr)
-        if len(specs) > 1:  # stacked limits: each is evaluated, all in one decision
-            spec, cost, owner, more = stack_hooks(specs, endpoint)
-            facts = Facts(method, endpoint, ip_tag, identity, spec, cost, owner, more)
-        elif spec is None:
-            facts = Facts(method, endpoint, ip_tag, identity)
-        elif spec.key is None and spec.rate_of is None and isinstance(weight := spec.cost, int):
-            # Nothing of the view's to call (the usual case): what limit_hooks would say.
-            facts = Facts(method, endpoint, ip_tag, identity, spec, weight)
-        else:
-            spec, cost, owner = limit_hooks(spec, endpoint)
-            facts = Facts(method, endpoint, ip_tag, identity, spec, cost, owner)
-        try:
-            decided = state.enforcer.decide(facts, _keep)
-        except QuotaExceeded as exc:
-            # Noted so the after-request hook can give its Retry-After to a response
-            # the app's own error handler made.
-            g._get_current_object()._quota_denial = exc
-            raise
-        if decided is not None:
-            scope = g._get_current_object()
-            scope._quota = decided
-            if decided.route.leases and decided.reply.all_allowed:
-                state.leasing = True  # from now on, the teardown hook looks for leases
-                scope._quota_leased = decided  # given back after the response (after.py)
 
     def _identify(
         self, settings: Settings, req: Request, loaded: object = _UNLOADED

@@ -19,11 +19,19 @@ class Identity:
     plan: str | None = None
     tenant: str | None = None
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.id, str) or not self.id:
+    # Written out (dataclass keeps it): an identity loader makes one per request, and the
+    # generated __init__ would call a __post_init__ for these checks, a second frame.
+    def __init__(self, id: str, plan: str | None = None, tenant: str | None = None) -> None:
+        if not isinstance(id, str) or not id:
             raise ValueError("Identity.id must be a non-empty string")
-        if self.tenant is not None and (not isinstance(self.tenant, str) or not self.tenant):
+        if tenant is not None and (not isinstance(tenant, str) or not tenant):
             raise ValueError("Identity.tenant must be a non-empty string, or None")
+        _set(self, "id", id)  # frozen: set as the generated __init__ does
+        _set(self, "plan", plan)
+        _set(self, "tenant", tenant)
+
+
+_set = object.__setattr__
 
 
 # A dotted quad exactly as ``ipaddress`` prints it (no leading zeros, parts <= 255):
