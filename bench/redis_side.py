@@ -23,7 +23,9 @@ Not part of a run. On a redis-server of its own:
   three tiers of callers seen for the first time (``DECISIONS``); 1,000 decisions
   counted after 1,000 that leave every caller's state in place (counted with
   1,000 and with 2,000 calls, the difference over 1,000);
-  ``--decisions tb-3 floor`` counts some of them;
+  ``--decisions tb-3 floor`` counts some of them; ``floor+time`` is the floor script
+  with a ``TIME`` first (``FLOOR_TIME_SCRIPT``), as a limiter on the server's clock
+  must read it;
 * with ``--requests``, instead: the same count per whole request of
   ``bench.profile``'s Redis cases (``redis`` and the newer tiers': ``TIER_CASES``),
   made through ``app.wsgi_app`` as ``bench.profile`` makes them, so every call a
@@ -69,6 +71,8 @@ for i = 2, #KEYS do
 end
 return {1, 1, 1, 0, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0}
 """
+# The floor with the server's clock read first, as the decide script reads it.
+FLOOR_TIME_SCRIPT = "redis.call('TIME')\n" + FLOOR_SCRIPT
 VARIANTS = {
     "flask-quota's decide script": SCRIPT,
     "its commands and reply, no logic": COMMANDS_ONLY,
@@ -130,15 +134,16 @@ def decision_calls(name: str) -> list[tuple[Any, list[str]]]:
 def _counted_decisions(name: str, calls: int) -> int:
     """Instructions of a fresh redis-server under callgrind answering ``calls``
     decisions of ``name`` through ``RedisStorage.decide_flat`` (its loading included;
-    "floor": ``compare.FLOOR_SCRIPT`` on the same three keys)."""
-    every = decision_calls("tb-3" if name == "floor" else name)
+    "floor": ``compare.FLOOR_SCRIPT`` on the same three keys; "floor+time": with a
+    ``TIME`` first)."""
+    every = decision_calls("tb-3" if name.startswith("floor") else name)
 
     def run(client: redis.Redis) -> None:
-        floor = client.register_script(FLOOR_SCRIPT)
+        floor = client.register_script(FLOOR_TIME_SCRIPT if name == "floor+time" else FLOOR_SCRIPT)
         storage = RedisStorage(client)
         for i in range(calls):
             checks, keys = every[i % len(every)]
-            if name == "floor":
+            if name.startswith("floor"):
                 floor(keys=keys[1:], args=[1, 5])
                 continue
             reply = storage.decide_flat(checks, keys)
@@ -276,7 +281,8 @@ def script_instructions(calls: int = 2000) -> dict[str, float]:
 
 def main() -> None:
     if "--decisions" in sys.argv[1:]:
-        names = [a for a in sys.argv[1:] if not a.startswith("--")] or ["floor", *DECISIONS]
+        names = [a for a in sys.argv[1:] if not a.startswith("--")]
+        names = names or ["floor", "floor+time", *DECISIONS]
         for name, count in decision_instructions(names):
             print(f"{name}: {count:,.0f} instructions per decision in redis-server", flush=True)
         return
