@@ -64,11 +64,9 @@ def quota_checks(app: Flask, callers: Sequence[tuple[str, str]]) -> list[list[An
 
 def script_call(checks: Sequence[Any]) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of one "decide" EVALSHA (mirrors ``RedisStorage._call``)."""
-    args: list[Any] = ["decide", ""]
-    for check in checks:
-        rate = check.rate
-        args += [check.algorithm.code, rate.limit, rate.window_us, rate.capacity, check.cost]
-    return [c.key for c in checks], args
+    from flask_quota.storage.redis import decide_args
+
+    return [c.key for c in checks], decide_args(checks, "decide", "")
 
 
 def _wsgi_case(key: str, app: Flask, callers: Sequence[tuple[str, str]]) -> Case:
