@@ -20,7 +20,7 @@ class Identity:
     tenant: str | None = None
 
     # Written out (dataclass keeps it): an identity loader makes one per request, and the
-    # generated __init__ would call a __post_init__ for these checks, a second frame.
+    # generated __init__ would call __post_init__ for these checks, a second frame.
     def __init__(self, id: str, plan: str | None = None, tenant: str | None = None) -> None:
         if not isinstance(id, str) or not id:
             raise ValueError("Identity.id must be a non-empty string")
@@ -29,6 +29,10 @@ class Identity:
         _set(self, "id", id)  # frozen: set as the generated __init__ does
         _set(self, "plan", plan)
         _set(self, "tenant", tenant)
+
+    def __post_init__(self) -> None:
+        """The same checks for a dataclass subclass, whose generated __init__ calls this."""
+        Identity.__init__(self, self.id, self.plan, self.tenant)
 
 
 _set = object.__setattr__
