@@ -11,8 +11,11 @@ rotating over 1,000 identities) called straight through ``app.wsgi_app``:
   installed). The case re-runs itself under ``valgrind --tool=callgrind`` with
   collection switched on only inside the timed loop (the loop runs under
   ``functools.reduce``, which nothing else in a request calls), so imports, app
-  set-up and warm-up are not counted. Instruction counts do not move with the
-  machine's load: use them to compare two versions of the code.
+  set-up and warm-up are not counted. Instruction counts barely move with the
+  machine's load: use them to compare two versions of the code. flask-quota's
+  own cases are the exception, moving by some 35,000 per request from run to
+  run (bench/README.md, "Client side, round three"): count the two versions
+  side by side, at the same time.
 
 Cases: bare, hook (empty before_request), floor (one EVALSHA of
 ``compare.FLOOR_SCRIPT``), mem (flask-quota on memory://), mem-h0 (the same with
