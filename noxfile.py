@@ -84,8 +84,8 @@ def lowest_pins() -> list[str]:
 
 def pytest(session: nox.Session, markers: str) -> None:
     session.run(
-        "python", "-m", "pytest", "-m", markers, "-p", "no:cacheprovider", "-n", "2",
-        *session.posargs,
+        "python", "-m", "pytest", "-m", markers, "-p", "no:cacheprovider", "-n", "4",
+        "--dist", "loadgroup", *session.posargs,
     )  # fmt: skip
 
 

@@ -63,9 +63,19 @@ def pytest_configure(config: pytest.Config) -> None:
 _SQL_KINDS = ("postgresql", "mysql")
 
 
+# Module-scoped fixtures that start something costly: a cluster, sentinels, a browser,
+# the built package, the docs site. pytest-xdist (``--dist loadgroup``) keeps the tests
+# of one module that use them on one worker, which then builds them once, not once per
+# worker; the module's other tests are spread as usual.
+_SHARED_PER_MODULE = {"cluster", "sentinels", "sentinel", "browser", "dists", "site"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test's PostgreSQL and MariaDB variants with their server's name."""
+    """Mark each test's PostgreSQL and MariaDB variants with their server's name; group
+    the users of a module's costly fixtures (``_SHARED_PER_MODULE``) for xdist."""
     for item in items:
+        if _SHARED_PER_MODULE & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
         callspec = getattr(item, "callspec", None)
         if callspec is None:
             continue

@@ -9,8 +9,10 @@ the server really is Valkey, and an app configured with ``valkey://`` is exact.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
+import redis
 from flask import Flask
 
 from flask_quota import Quota
@@ -22,11 +24,12 @@ pytestmark = [pytest.mark.redis, pytest.mark.valkey]
 ON_VALKEY = pytest.mark.parametrize("server_kind", ["valkey"], scope="session")
 
 
-@ON_VALKEY
-def test_the_server_is_valkey(redis_server: RedisServer) -> None:
-    """The Valkey runs talk to a valkey-server (9 or later), not to a redis-server."""
-    with redis_server.client() as client:
-        info = client.info("server")
+def test_the_server_is_valkey(server_client: Callable[[str], redis.Redis]) -> None:
+    """The Valkey runs talk to a valkey-server (9 or later), not to a redis-server. (The
+    session's shared server of that kind, asked for by name: a session-scoped fixture
+    given the kind by this module's parameter could be the one another module's test
+    made on the same pytest-xdist worker with the other kind.)"""
+    info = server_client("valkey").info("server")
     assert info["server_name"] == "valkey", info
     assert int(str(info["valkey_version"]).split(".")[0]) >= 9, info
 
