@@ -44,7 +44,7 @@ def quota_checks(app: Flask, callers: Sequence[tuple[str, str]]) -> list[list[An
     state = get_state(app)
     plan = state.catalog()["b"]
     view: Any = app.view_functions["res"]
-    spec = view.__quota_limit__  # what @quota.limit recorded
+    (spec,) = view.__quota_limit__  # what @quota.limit recorded (one limit: not stacked)
     return [
         [
             c.check
