@@ -91,6 +91,10 @@ class Reply(list[int]):
     def closest(self, among: Sequence[int]) -> int:
         """Of the checks ``among`` (at least one), the first with the fewest remaining
         and, among those, the latest reset."""
+        return self._closest(among)[0]
+
+    def _closest(self, among: Sequence[int]) -> tuple[int, int, int]:
+        """``closest`` with that check's remaining and reset_us."""
         found = among[0]
         j = _HEAD + _STRIDE * found
         fewest, latest = self[j + 1], self[j + 2]
@@ -99,7 +103,7 @@ class Reply(list[int]):
             left, reset = self[j + 1], self[j + 2]
             if left < fewest or (left == fewest and reset > latest):
                 found, fewest, latest = i, left, reset
-        return found
+        return found, fewest, latest
 
     def shown(self, among: Sequence[int]) -> int:
         """The check the rate-limit headers describe: the denying one, else the closest
@@ -113,15 +117,8 @@ class Reply(list[int]):
     def shown_state(self, among: Sequence[int]) -> tuple[int, int, int, int]:
         """(``shown(among)``, its remaining, its reset_us, now_us): what the headers
         write, read in one call (the after-request path)."""
-        if self[1]:  # all allowed (the usual case): ``closest``, inlined
-            found = among[0]
-            j = _HEAD + _STRIDE * found
-            fewest, latest = self[j + 1], self[j + 2]
-            for i in among:
-                j = _HEAD + _STRIDE * i
-                left, reset = self[j + 1], self[j + 2]
-                if left < fewest or (left == fewest and reset > latest):
-                    found, fewest, latest = i, left, reset
+        if self[1]:  # all allowed (the usual case): the closest, with its numbers
+            found, fewest, latest = self._closest(among)
         else:
             found = self.shown(among)
             j = _HEAD + _STRIDE * found
