@@ -42,8 +42,16 @@ PLANS = {
 
 
 def decide_calls(client: redis.Redis) -> int:
-    stats: dict[str, Any] = client.info("commandstats")  # the decide call: function or script
-    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("fcall", "evalsha"))
+    """The decide calls the server answered (a function or a script), less the failed
+    ones: a server that has not loaded our library yet refuses the first FCALL, which
+    the client then makes again, and whether the shared server had loaded it depends on
+    the tests that ran before on the same pytest-xdist worker."""
+    stats: dict[str, Any] = client.info("commandstats")
+    return sum(
+        int(stats.get(f"cmdstat_{c}", {}).get("calls", 0))
+        - int(stats.get(f"cmdstat_{c}", {}).get("failed_calls", 0))
+        for c in ("fcall", "evalsha")
+    )
 
 
 def make_app(url: str, **config: Any) -> tuple[Flask, Quota]:
@@ -236,11 +244,20 @@ def test_on_a_cluster_shares_span_slots_and_the_limit_holds(cluster: Any) -> Non
     and the limit holds as on one node."""
     from tests.test_cluster import master_calls
 
+    def calls(client: Any) -> int:
+        """The decide calls of 200 quick requests, as the cluster's masters count them."""
+        before = master_calls(cluster)
+        assert [client.get("/ping").status_code for _ in range(200)] == [200] * 200
+        return master_calls(cluster) - before
+
+    # Exact, two calls a request (one per slot); with shares, far fewer. How few depends
+    # on the requests' pace (a share is sized to what can be spent before it expires), so
+    # the exact app is counted beside it, on the same loaded or quiet machine.
+    exact = calls(make_app(cluster.url, QUOTA_PREFETCH=None)[0].test_client())
     app, _ = make_app(cluster.url)
     client = app.test_client()
-    before = master_calls(cluster)
-    assert [client.get("/ping").status_code for _ in range(200)] == [200] * 200
-    assert master_calls(cluster) - before < 200 * 0.3
+    assert exact >= 400
+    assert calls(client) < exact * 0.75
     statuses = [client.get("/small").status_code for _ in range(80)]
     assert 36 <= statuses.count(200) <= 40, statuses
 
