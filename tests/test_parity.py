@@ -549,9 +549,9 @@ def test_storage_signals_once_per_breaker_change(app: Flask, own_redis: Any) -> 
 def test_demo_chat_meters_tokens(tmp_path: Any) -> None:
     """The demo's /v1/ai/chat charges the tokens it generated on ai_tokens (free: 2000/hour):
     five 400-token answers overdraw it, the sixth call waits; /v1/ai/infer is untouched."""
-    from wsgi import create_app
+    from tests.demo import demo_app
 
-    app = create_app(
+    app = demo_app(
         {
             "QUOTA_DASHBOARD_URL": None,
             "QUOTA_DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",

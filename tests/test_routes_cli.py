@@ -33,9 +33,9 @@ def invoke(app: Flask, *args: str) -> Result:
 
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[Flask]:
-    from wsgi import create_app
+    from tests.demo import demo_app
 
-    app = create_app(
+    app = demo_app(
         {
             "QUOTA_DASHBOARD_URL": None,
             "QUOTA_DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",

@@ -178,9 +178,9 @@ def test_without_the_setting_there_is_no_status_view(app: Flask) -> None:
 
 def test_the_demo_serves_the_status(tmp_path: Path) -> None:
     """The demo (wsgi.py) answers GET /rate_limit for a caller who searched once."""
-    from wsgi import create_app
+    from tests.demo import demo_app
 
-    demo = create_app(
+    demo = demo_app(
         {
             "QUOTA_DASHBOARD_URL": None,
             "QUOTA_DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
