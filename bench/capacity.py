@@ -115,7 +115,7 @@ def drive(kind: str, url: str, pipeline: int, offset: int, ready: Any, go: Event
                 while reply is not False:
                     got += 1
                     if kind == "decide":
-                        bad += not isinstance(reply, list) or reply[1] != 1
+                        bad += not isinstance(reply, list) or reply[1] not in (1, 2)  # long, short
                     else:
                         bad += reply != 1
                     reply = reader.gets()

@@ -24,6 +24,7 @@ from flask_quota.core.enforcer import Enforcer, Facts
 from flask_quota.core.keys import KeyBuilder, remote_ip_tag
 from flask_quota.core.policy import Policy
 from flask_quota.core.rates import parse_rate, parse_rates
+from flask_quota.core.reply import Reply
 from flask_quota.core.validators import rate_text
 from flask_quota.settings import FailMode, Settings
 from flask_quota.sql.snapshot import SqlCatalog
@@ -301,8 +302,8 @@ def test_redis_script_agrees_with_memory(
     redis_client.delete("cal")
     for _ in range(3):
         expected = list(memory.decide_flat((check,), ["cal"]))
-        args = ["decide", now, *check_args(check, now + skew)]
-        got = [int(v) for v in script(keys=["cal"], args=args)]
+        args = [*check_args(check, now + skew), "decide", now]
+        got = list(Reply.read([int(v) for v in script(keys=["cal"], args=args)], 1))
         assert got == expected
 
 
@@ -317,8 +318,8 @@ def test_production_redis_uses_server_time_for_the_window(redis_client: redis.Re
     script = redis_client.register_script(SCRIPT)
     for skew in (-10 * 86400 * US, 0, 10 * 86400 * US):
         redis_client.delete("cal")
-        reply = script(keys=["cal"], args=["decide", "", *check_args(check, server_now + skew)])
-        assert int(reply[4]) == calendar.span(MONTH, server_now)[1]
+        reply = script(keys=["cal"], args=check_args(check, server_now + skew))
+        assert Reply.read(reply, 1).reset_us(0) == calendar.span(MONTH, server_now)[1]
     storage = RedisStorage(redis_client)  # the request path: its own edges, Redis TIME
     verdict = storage.decide([check])
     assert verdict.outcomes[0].reset_us == calendar.span(MONTH, verdict.now_us)[1]

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flask_quota import Identity, Quota
-from flask_quota.core.algorithms import Algorithm
+from flask_quota.core.algorithms import Algorithm, Gate
 from flask_quota.core.rates import parse_rate
 from flask_quota.storage import Check, MemoryStorage
 from flask_quota.storage.redis import RedisStorage
@@ -219,3 +219,52 @@ def test_memory_and_redis_agree(
             Check(f"b{pair % 2}", algorithm, other, 1),
         ]
         assert memory.decide(checks) == remote.decide(checks)
+
+
+# -- the decide script's short reply reads as the long one ----------------------------
+
+tiers = st.lists(
+    st.tuples(
+        st.sampled_from(["2/minute", "1/second; burst=3", "3/hour"]),
+        st.sampled_from(list(Algorithm)),
+        st.integers(min_value=0, max_value=3),  # cost
+        st.booleans(),  # shadow
+    ),
+    max_size=4,
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(gated=st.booleans(), blocked=st.booleans(), plan=tiers, rounds=st.integers(1, 5))
+def test_the_short_reply_reads_as_the_long_one(
+    redis_client: redis.Redis,
+    gated: bool,
+    blocked: bool,
+    plan: list[tuple[str, Algorithm, int, bool]],
+    rounds: int,
+) -> None:
+    """Redis answers a request whose checks all allowed with a short reply (no allowed
+    flags or retries, a first gate letting by left out), which ``Reply.read`` makes long:
+    flat reply for flat reply, memory's long one, whichever check denies first (a
+    blocked gate, a tier, a shadow tier) and however many checks there are."""
+    redis_client.flushall()
+    clock = FrozenClock(1_700_000_123.456789)
+    memory, remote = MemoryStorage(clock), RedisStorage(redis_client, clock=clock)
+    checks = [Check("gate", Gate.BLOCK, parse_rate("1/second"), 0)] if gated else []
+    checks += [
+        Check(f"t{i}", algorithm, parse_rate(rate), cost, shadow)
+        for i, (rate, algorithm, cost, shadow) in enumerate(plan)
+    ]
+    if blocked:
+        memory.block("gate", 60, "test")
+        remote.block("gate", 60, "test")
+    keys = [c.key for c in checks]
+    for _ in range(rounds):
+        ours, theirs = remote.decide_flat(checks, keys), memory.decide_flat(checks, keys)
+        if gated and blocked:  # Redis's block lives on its own clock: its times differ
+            assert ours[2:4] == theirs[2:4] == [0, 0]
+            ours[4:6] = theirs[4:6]
+        assert list(ours) == list(theirs)
+        clock.now_us += 200_000

@@ -65,7 +65,7 @@ def flat_reply(verdict: Verdict) -> Reply:
 def verdict_of(checks: Sequence[Check], reply: Sequence[int]) -> Verdict:
     """A ``Reply`` for ``checks`` as a ``Verdict``; each outcome's limit is its rate's
     (a token bucket's capacity, a lease's slots; 0 for a block, which has no limit)."""
-    flat = reply if isinstance(reply, Reply) else Reply(reply)
+    flat = reply if isinstance(reply, Reply) else Reply.read(reply, len(checks))
     outcomes = tuple(flat.outcome(i, shown_limit(check)) for i, check in enumerate(checks))
     return Verdict(flat.now_us, outcomes, shadow_flags(checks))
 

@@ -100,13 +100,16 @@ CHECKS_SEPARATOR = ";"  # between the checks of decide.lua's one checks argument
 
 
 def decide_args(checks: Sequence[Check], mode: str, now_arg: Any) -> list[Any]:
-    """ARGV of ``decide.lua``: ``mode``, ``now_arg`` and one argument for every check,
-    each check's ``check_args`` joined by ``CHECKS_SEPARATOR``. One argument, not one per
-    check: Redis makes a Lua string of every argument of every call, and the script
-    parses a request's checks once and keeps them (see ``decide.lua``'s ``shape_of``)."""
+    """ARGV of ``decide.lua``: one argument for every check, each check's ``check_args``
+    joined by ``CHECKS_SEPARATOR``, then ``mode`` and ``now_arg`` unless they are the
+    defaults (``"decide"`` on the server clock, ``""``). One argument, not one per check:
+    Redis makes a Lua string of every argument of every call, and the script parses a
+    request's checks once and keeps them (see ``decide.lua``'s ``shape_of``)."""
     around = _around(now_arg)
     joined = CHECKS_SEPARATOR.join(arg for check in checks for arg in check_args(check, around))
-    return [mode, now_arg, joined]
+    if mode == "decide" and now_arg == "":
+        return [joined]
+    return [joined, mode, now_arg]
 
 
 def check_args(check: Check, around_us: int | None = None) -> list[str]:
@@ -219,7 +222,7 @@ class RedisStorage:
         """``decide`` on ``keys``, answered as the script's flat reply (the request path)."""
         # _call inlined: the request path's one wrapped call, with no call beneath it.
         now = b"" if self._clock is None else b"%d" % self._clock()
-        return Reply(self._decide(self._decide.pack("decide", now, checks, keys)))
+        return Reply.read(self._decide(self._decide.pack("decide", now, checks, keys)), len(keys))
 
     def peek(self, checks: Sequence[Check]) -> Verdict:
         """Answer as ``decide`` would without changing anything."""
@@ -270,7 +273,7 @@ class RedisStorage:
 
     def _call(self, mode: str, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
         now = b"" if self._clock is None else b"%d" % self._clock()
-        return Reply(self._decide(self._decide.pack(mode, now, checks, keys)))
+        return Reply.read(self._decide(self._decide.pack(mode, now, checks, keys)), len(keys))
 
     def usage_sink(self, prefix: str) -> UsageSink:
         """Dashboard usage in this Redis, shared by every worker (Sentinel inherits it)."""
@@ -359,17 +362,19 @@ class _ScriptCall:
         if keys is None:
             keys = [c.key for c in checks]
         n = len(checks)
-        parts = [b"*%d\r\n" % (6 + n), self._head, _bulk(b"%d" % n)]
+        # The mode and the clock go only when they are not the defaults (a decision on
+        # the server clock): every argument is a Lua string the server makes.
+        tail = [] if mode == "decide" and not now else [self._modes[mode], _bulk(now)]
+        parts = [b"*%d\r\n" % (4 + n + len(tail)), self._head, _bulk(b"%d" % n)]
         for key in keys:
             encoded = key.encode()
             parts.append(b"$%d\r\n%b\r\n" % (len(encoded), encoded))
-        parts.append(self._modes[mode])
-        parts.append(_bulk(now))
         shape = self._shapes.current.get(id(checks))
         if shape is not None and shape[0] is checks and shape[1] is not None:
             parts.append(shape[1])
         else:
             parts.append(self._shape(checks, now))
+        parts += tail
         return b"".join(parts)
 
     def _shape(self, checks: Sequence[Check], now: bytes) -> bytes:

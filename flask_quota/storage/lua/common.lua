@@ -41,7 +41,7 @@ local function script_now(arg)
     modern = redis.REDIS_VERSION_NUM ~= nil
     if not modern and redis.replicate_commands then pcall(redis.replicate_commands) end
   end
-  local now = arg ~= '' and tonumber(arg)
+  local now = arg and tonumber(arg)
   if not now then
     local t = redis.call('TIME')
     now = t[1] * 1000000 + t[2] -- TIME's two integers, read as tonumber would

@@ -1,16 +1,20 @@
 -- Decide every tier of one request atomically, all-or-nothing.
 -- KEYS[i]: the state key of tier i.
--- ARGV[1]: "decide" or "peek" (peek never writes).
--- ARGV[2]: "" to use the Redis server clock (production); an integer
---          microsecond time only from flask_quota.testing.
--- ARGV[3]: the checks, tier i's the i-th, separated by ";" (redis.decide_args); each
+-- ARGV[1]: the checks, tier i's the i-th, separated by ";" (redis.decide_args); each
 --          "code limit window_us capacity cost" (redis.check_args): the rate's three
 --          numbers in hexadecimal, the cost in decimal. A code starting with "~" ("~tb")
 --          marks a shadow check: its denial does not deny (all_allowed ignores it) and
 --          it is charged only when it allows. A calendar window ("cw") has
---          "prev:start:end:next" as its window_us. More arguments after ARGV[3] are
---          more checks, read as if joined to it.
--- Returns {now, all_allowed, then per tier: allowed, remaining, reset_us, retry_us}.
+--          "prev:start:end:next" as its window_us.
+-- ARGV[2]: "decide" (absent: the same) or "peek" (peek never writes).
+-- ARGV[3]: an integer microsecond time, only from flask_quota.testing; absent or ""
+--          for the Redis server clock (production). Production sends ARGV[1] alone:
+--          every argument is a Lua string the server makes on every call.
+-- Returns {now, all_allowed, then per tier: allowed, remaining, reset_us, retry_us}
+-- (core/reply.py's layout) when a check denied, and when every check allowed the
+-- short form {now, 2, then per tier: remaining, reset_us}, leaving out a block gate
+-- that lets by as the first check (its entry is 1, 0, now, 0): each integer of the
+-- reply is work for the server (Reply.read rebuilds the long form).
 --
 -- An algorithm returns allowed, remaining, reset_us, retry_us and, when it allows
 -- and has something to store, the state and its TTL in microseconds (a function for
@@ -23,7 +27,9 @@
 local KNOWN = {tb = true, fw = true, swc = true, swl = true, cw = true, blk = true, ls = true}
 
 -- A check's string, parsed: {code, shadow, limit, window, capacity, cost, interval,
--- tau} (the last two a token bucket's), or nil if it is not one.
+-- tau, full_ttl, full_px} (the last four a token bucket's: a bucket that was full
+-- stores its state for cost * interval, full_ttl, so that TTL's PX argument, full_px,
+-- is printed once here and not on every such request), or nil if it is not one.
 local function spec_of(arg)
   local code, limit, window, capacity, cost =
     string.match(arg, '^(~?%l+) (%x+) ([-:%x]+) (%x+) (-?%d+)$')
@@ -33,10 +39,12 @@ local function spec_of(arg)
   if not KNOWN[code] then return nil end
   limit, capacity, cost = tonumber(limit, 16), tonumber(capacity, 16), tonumber(cost)
   if code ~= 'cw' then window = tonumber(window, 16) end -- a calendar's stays its edges
-  local spec = {code, shadow, limit, window, capacity, cost, nil, nil}
+  local spec = {code, shadow, limit, window, capacity, cost, nil, nil, nil, nil}
   if code == 'tb' then
     spec[7] = floor(window / limit)
     spec[8] = capacity * spec[7]
+    spec[9] = cost * spec[7]
+    spec[10] = format('%d', ceil(spec[9] / 1000))
   end
   return spec
 end
@@ -48,40 +56,33 @@ end
 -- EVAL the whole chunk runs on every call, so the table lasts one call.)
 local SHAPES, shapes_held, SHAPES_MAX = {}, 0, 1000
 
-local function shape_of(ARGV)
-  local count = #ARGV
-  if count == 3 then
-    local known = SHAPES[ARGV[3]]
-    if known then return known end
-  end
+local function shape_of(checks)
+  local known = SHAPES[checks]
+  if known then return known end
   local shape = {}
-  for a = 3, count do
-    for part in string.gmatch(ARGV[a], '[^;]+') do
-      local spec = spec_of(part)
-      if spec == nil then return nil, part end
-      shape[#shape + 1] = spec
-    end
+  for part in string.gmatch(checks, '[^;]+') do
+    local spec = spec_of(part)
+    if spec == nil then return nil, part end
+    shape[#shape + 1] = spec
   end
-  if count == 3 then
-    if shapes_held >= SHAPES_MAX then SHAPES, shapes_held = {}, 0 end
-    SHAPES[ARGV[3]], shapes_held = shape, shapes_held + 1
-  end
+  if shapes_held >= SHAPES_MAX then SHAPES, shapes_held = {}, 0 end
+  SHAPES[checks], shapes_held = shape, shapes_held + 1
   return shape
 end
 
 local function decide(KEYS, ARGV)
-  local now = script_now(ARGV[2])
+  local now = script_now(ARGV[3])
 
   -- The tables are made with room for the usual request (the gate and three tiers):
   -- a table that grows reallocates each time it doubles, about 4% of the script's
   -- instructions. The nils only reserve slots; Redis ends the reply at the first nil.
-  local reply, n = {now, 1, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
-                    nil, nil, nil}, 2
-  -- key, state, ttl and how to write it (0: over a state read, 1: a state read as
-  -- absent, 2: a function) of each check that allowed
+  local reply, n = {now, 2, nil, nil, nil, nil, nil, nil}, 2
+  local long = false -- the reply's form: long once a check denied
+  -- key, state, PX (false: delete) and how to write it (0: over a state read, 1: a
+  -- state read as absent, 2: a function) of each check that allowed
   local writes, w, fresh = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}, 0, 0
   local call = redis.call
-  local shape, bad = shape_of(ARGV)
+  local shape, bad = shape_of(ARGV[1])
   if shape == nil then return redis.error_reply('flask-quota: unknown algorithm ' .. bad) end
   -- Every key is read, in one MGET: a sliding log's list or a lease's set is read as
   -- absent there, and the log and the lease read their own.
@@ -115,6 +116,19 @@ local function decide(KEYS, ARGV)
         spec[5], spec[6])
     end
     if allowed == 0 then
+      if not long then
+        -- The checks before this one all allowed: their pairs become long entries (a
+        -- first gate left out had let by).
+        local short, m = reply, n
+        long, reply, n = true, {now, 1}, 2
+        if i > 1 and shape[1][1] == 'blk' and m - 2 < 2 * (i - 1) then
+          reply[3], reply[4], reply[5], reply[6], n = 1, 0, now, 0, 6
+        end
+        for j = 3, m, 2 do
+          reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = 1, short[j], short[j + 1], 0
+          n = n + 4
+        end
+      end
       if not spec[2] then reply[2] = 0 end
     -- A shadow check that would deny is not charged. Only what changed is written: a
     -- state equal to the stored one keeps its key (and its expiry, which the state
@@ -124,28 +138,39 @@ local function decide(KEYS, ARGV)
         writes[w + 1], writes[w + 2], writes[w + 4] = key, state, 2
         w = w + 4
       elseif state == raw then -- unchanged
-      elseif raw then
-        writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = key, state, ttl, 0
-        w = w + 4
-      elseif ttl > 0 then
-        writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = key, state, ttl, 1
-        w, fresh = w + 4, fresh + 1
+      else
+        -- A TTL is sent to SET's PX in milliseconds, rounded up, as a string: Lua's %d
+        -- costs less than the %.17g Redis would print a number argument with.
+        local px = false
+        if ttl <= 0 then -- nothing worth keeping
+        elseif ttl == spec[9] then px = spec[10]
+        else px = format('%d', ceil(ttl / 1000)) end
+        if raw then
+          writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = key, state, px, 0
+          w = w + 4
+        elseif px then
+          writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = key, state, px, 1
+          w, fresh = w + 4, fresh + 1
+        end
       end
     end
-    reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = allowed, remaining, reset, retry
-    n = n + 4
+    if long then
+      reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = allowed, remaining, reset, retry
+      n = n + 4
+    elseif i > 1 or code ~= 'blk' then
+      reply[n + 1], reply[n + 2] = remaining, reset
+      n = n + 2
+    end
   end
 
-  -- A TTL is sent to SET's PX in milliseconds, rounded up, as a string: Lua's %d costs
-  -- less than the %.17g Redis would print a number argument with.
-  if reply[2] == 1 and ARGV[1] == 'decide' then
+  if reply[2] ~= 0 and ARGV[2] ~= 'peek' then
     -- MGET answers nil for a key of another type as for a missing one, so a state read
     -- as absent is written first, with NX: a key that refuses it holds something else,
     -- and the call fails (as the GET it replaces did) with nothing written: the states
     -- written before it were absent, so deleting them undoes them. Never overwritten.
     for j = 1, fresh > 0 and w or 0, 4 do
       if writes[j + 3] == 1 and not call('SET', writes[j], writes[j + 1], 'PX',
-                                         format('%d', ceil(writes[j + 2] / 1000)), 'NX') then
+                                         writes[j + 2], 'NX') then
         for u = 1, j - 1, 4 do
           if writes[u + 3] == 1 then call('DEL', writes[u]) end
         end
@@ -155,11 +180,11 @@ local function decide(KEYS, ARGV)
     for j = 1, fresh * 4 < w and w or 0, 4 do -- the rest, if any
       local how = writes[j + 3]
       if how == 0 then
-        local ttl = writes[j + 2]
-        if ttl <= 0 then
-          call('DEL', writes[j])
+        local px = writes[j + 2]
+        if px then
+          call('SET', writes[j], writes[j + 1], 'PX', px)
         else
-          call('SET', writes[j], writes[j + 1], 'PX', format('%d', ceil(ttl / 1000)))
+          call('DEL', writes[j])
         end
       elseif how == 2 then
         writes[j + 1]()
