@@ -20,8 +20,8 @@ Not part of a run. On a redis-server of its own:
   the public API (``RedisStorage.decide_flat``, whatever command it sends: an
   ``FCALL`` or an ``EVALSHA``), for each algorithm with 1, 2 and 3 tiers and for
   three tiers plus a tenant tier, a concurrency lease or a calendar window, and
-  three tiers of callers seen for the first time (``DECISIONS``); 1,000 decisions
-  counted after 1,000 that leave every caller's state in place (counted with
+  three tiers of callers seen for the first time and of one busy caller
+  (``DECISIONS``); 1,000 decisions counted after 1,000 that leave every caller's state in place (counted with
   1,000 and with 2,000 calls, the difference over 1,000);
   ``--decisions tb-3 floor`` counts some of them; ``floor+time`` is the floor script
   with a ``TIME`` first (``FLOOR_TIME_SCRIPT``), as a limiter on the server's clock
@@ -100,7 +100,8 @@ RATE = "1000000/hour"
 LOG_RATE = "1000/hour"  # the most a sliding log may hold (a larger one is run as a counter)
 # name -> (algorithm, tiers, extra): extra is "tenant", "lease", "calendar" (the
 # endpoint tier a "1000000/month" window), "fresh" (no state yet: every call a new
-# caller) or "" for none.
+# caller), "busy" (one caller at every call: its buckets are never full again, so each
+# state's TTL is printed anew, where a full bucket's is printed once) or "" for none.
 DECISIONS: dict[str, tuple[Algorithm, int, str]] = {
     f"{a.code}-{n}": (a, n, "") for a in Algorithm for n in (1, 2, 3)
 } | {
@@ -108,6 +109,7 @@ DECISIONS: dict[str, tuple[Algorithm, int, str]] = {
     "tb-3+lease": (Algorithm.TOKEN_BUCKET, 3, "lease"),
     "tb-3+calendar": (Algorithm.TOKEN_BUCKET, 3, "calendar"),
     "tb-3+fresh": (Algorithm.TOKEN_BUCKET, 3, "fresh"),
+    "tb-3+busy": (Algorithm.TOKEN_BUCKET, 3, "busy"),
 }
 CALLERS = 1000  # a case's callers, in turn; "fresh" has a new caller at every call
 WARM = 1000  # decisions before the count: every caller's state exists
@@ -125,7 +127,7 @@ def decision_calls(name: str) -> list[tuple[Any, list[str]]]:
     route = build_route(policy, plan, method="GET", spec=LimitSpec(None, "res", 1),
                         resource="res", cost=1, tenant=extra == "tenant")  # fmt: skip
     calls = []
-    for i in range(CALLERS if extra != "fresh" else 10 * CALLERS):
+    for i in range({"fresh": 10 * CALLERS, "busy": 1}.get(extra, CALLERS)):
         ip = f"ip=10.{i // 62500}.{i // 250 % 250}.{i % 250}"
         calls.append((route.calls, route.keys(ip, f"id=u{i}", f"id=u{i}", f"t=t{i % 10}")))
     return calls
