@@ -21,8 +21,8 @@ Not part of a run. On a redis-server of its own:
   ``FCALL`` or an ``EVALSHA``), for each algorithm with 1, 2 and 3 tiers and for
   three tiers plus a tenant tier, a concurrency lease or a calendar window, and
   three tiers of callers seen for the first time and of one busy caller
-  (``DECISIONS``); 1,000 decisions counted after 1,000 that leave every caller's state in place (counted with
-  1,000 and with 2,000 calls, the difference over 1,000);
+  (``DECISIONS``); 1,000 decisions counted after 1,000 that leave every caller's
+  state in place (counted with 1,000 and with 2,000 calls, the difference over 1,000);
   ``--decisions tb-3 floor`` counts some of them; ``floor+time`` is the floor script
   with a ``TIME`` first (``FLOOR_TIME_SCRIPT``), as a limiter on the server's clock
   must read it;

@@ -177,13 +177,16 @@ def test_the_wire_carries_what_redis_py_would_send(redis_server: RedisServer) ->
             Check("quota:{ip=1.2.3.4}:g:fw", Algorithm.FIXED_WINDOW, parse_rate("7/day"), 1),
             Check("quota:{id=é}:e:GET:x:tb", TB, parse_rate("2/minute"), 1, shadow=True),
         ]
-        ours = storage._decide.pack("peek", b"123", checks)
-        args = decide_args(checks, "peek", 123)  # the reference encoding, shadow mark included
         conn = redis.Connection()
-        theirs = b"".join(
-            conn.pack_command("FCALL", FUNCTION, len(checks), *[c.key for c in checks], *args)
-        )
-        assert ours == theirs
+        # A test's peek sends its mode and clock; a production decision, the checks alone.
+        for mode, now, now_arg in (("peek", b"123", 123), ("decide", b"", "")):
+            ours = storage._decide.pack(mode, now, checks)
+            args = decide_args(checks, mode, now_arg)  # the reference, shadow mark included
+            theirs = b"".join(
+                conn.pack_command("FCALL", FUNCTION, len(checks), *[c.key for c in checks], *args)
+            )
+            assert ours == theirs
+        assert len(args) == 1
     finally:
         storage.close()
 

@@ -357,15 +357,17 @@ class _ScriptCall:
     def pack(
         self, mode: str, now: bytes, checks: Sequence[Check], keys: Sequence[str] | None = None
     ) -> bytes:
-        """``EVALSHA sha n key... mode now checks`` in RESP (``decide_args``), with
+        """``EVALSHA sha n key... checks [mode now]`` in RESP (``decide_args``), with
         ``keys`` (default: the checks' own) for the checks' keys."""
         if keys is None:
             keys = [c.key for c in checks]
         n = len(checks)
         # The mode and the clock go only when they are not the defaults (a decision on
         # the server clock): every argument is a Lua string the server makes.
-        tail = [] if mode == "decide" and not now else [self._modes[mode], _bulk(now)]
-        parts = [b"*%d\r\n" % (4 + n + len(tail)), self._head, _bulk(b"%d" % n)]
+        default = mode == "decide" and not now
+        parts = [b"*%d\r\n%b$%d\r\n%d\r\n" % (
+            n + (4 if default else 6), self._head, len(str(n)), n
+        )]  # fmt: skip
         for key in keys:
             encoded = key.encode()
             parts.append(b"$%d\r\n%b\r\n" % (len(encoded), encoded))
@@ -374,7 +376,8 @@ class _ScriptCall:
             parts.append(shape[1])
         else:
             parts.append(self._shape(checks, now))
-        parts += tail
+        if not default:
+            parts += (self._modes[mode], _bulk(now))
         return b"".join(parts)
 
     def _shape(self, checks: Sequence[Check], now: bytes) -> bytes:
