@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -222,3 +223,62 @@ def test_status_shows_the_tenants_bucket(app: Flask) -> None:
     rows = by_policy(body)
     assert (rows["tenant"]["tier"], rows["tenant"]["remaining"]) == ("tenant", 4)
     assert rows["user"]["remaining"] == 10
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_status_shows_requests_in_flight(
+    backend: str, app: Flask, request: pytest.FixtureRequest, close_sql: Callable[[Flask], Flask]
+) -> None:
+    """A plan's ``concurrent`` and a limit's own ``concurrent=`` are buckets that apply
+    to the caller: while one request of ``report`` runs, the status shows one slot of
+    each taken, and both free again once it has answered."""
+    config: dict[str, Any] = {
+        "QUOTA_PLANS": {"team": {"user": "10/minute", "concurrent": 3}},
+        "QUOTA_DEFAULT_PLAN": "team",
+        "QUOTA_ANONYMOUS_PLAN": "team",
+        "QUOTA_STATUS_URL": "/rate_limit",
+    }
+    if backend == "redis":
+        config["QUOTA_STORAGE_URL"] = request.getfixturevalue("own_redis").url
+    app = close_sql(app)
+    app.config.update(config)
+    quota = Quota(app, storage=None if backend == "redis" else MemoryStorage(FrozenClock()))
+    entered, leave = threading.Event(), threading.Event()
+
+    @quota.identity_loader
+    def who() -> Identity | None:
+        return Identity("u7", "team")
+
+    @app.get("/report")
+    @quota.limit(resource="report", concurrent=2)
+    def report() -> str:
+        entered.set()
+        leave.wait(10)
+        return "done"
+
+    http = app.test_client()
+    running = threading.Thread(target=lambda: app.test_client().get("/report"))
+    running.start()
+    try:
+        assert entered.wait(10)
+        rows = by_policy(http.get("/rate_limit").get_json())
+        inflight = {
+            name: (row["tier"], row["resource"], row["limit"], row["remaining"])
+            for name, row in rows.items()
+            if row["tier"] == "concurrent"
+        }
+        assert inflight == {
+            "concurrent": ("concurrent", None, 3, 2),
+            "concurrent (report)": ("concurrent", "report", 2, 1),
+        }
+    finally:
+        leave.set()
+        running.join(10)
+    rows = by_policy(http.get("/rate_limit").get_json())
+    assert (rows["concurrent"]["remaining"], rows["concurrent (report)"]["remaining"]) == (3, 2)
+    # A slot frees when its request ends, not on a clock; its window is a lease's longest life.
+    assert {(row["reset"], row["window"]) for row in inflight_rows(rows)} == {(0, 60)}
+
+
+def inflight_rows(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [row for row in rows.values() if row["tier"] == "concurrent"]

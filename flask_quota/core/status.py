@@ -26,6 +26,8 @@ from .tiers import Tier
 
 __all__ = ["BucketStatus", "CallerStatus", "caller_status"]
 
+_PER_ENDPOINT = (Tier.ENDPOINT, Tier.CONCURRENT)
+
 
 @dataclass(frozen=True, slots=True)
 class BucketStatus:
@@ -99,7 +101,9 @@ def caller_status(
             plan, ip_tag=facts.ip_tag, identity_tag=tag, method=method,
             spec=spec, resource=resource, cost=0,
         ):  # fmt: skip
-            if t.tier is Tier.ENDPOINT and t.check.key not in seen:
+            # Its endpoint tier, and the lease of a limit's own ``concurrent=`` (the
+            # plan's lease is the caller's own, read above).
+            if t.tier in _PER_ENDPOINT and t.check.key not in seen:
                 seen.add(t.check.key)
                 read.append(t)
     identity = facts.identity
