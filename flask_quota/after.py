@@ -28,6 +28,7 @@ log = logging.getLogger("flask_quota")
 
 # ``g._quota_after`` until a view calls quota.charge or quota.settle: (units, actual).
 NOTHING_AFTER: tuple[int, int | None] = (0, None)
+_NO_HEADERS = HeaderMode.NONE  # a module constant: see ``core.route``'s
 
 
 def after_hook(state: QuotaState) -> Callable[[Response], Response]:
@@ -45,7 +46,7 @@ def after_hook(state: QuotaState) -> Callable[[Response], Response]:
         settings = state.settings
         mode, names, headers = settings.headers, settings.header_names, response.headers
         route, reply, spec = decided.route, decided.reply, decided.spec
-        if route.leases and mode is not HeaderMode.NONE:
+        if route.leases and mode is not _NO_HEADERS:
             _add(headers, route.lease_headers(reply), names)
         decision = None
         if found.pop("_quota_inner", False):
@@ -58,7 +59,10 @@ def after_hook(state: QuotaState) -> Callable[[Response], Response]:
             _add(headers, route.headers(reply, mode), names)
             response.call_on_close(_Settle(state, decided, scope, response))
         # What the view asked for after the response: quota.charge's units, quota.settle's.
-        elif (after := _settlement(found, decided, response)) is not None:
+        # Asked only when there may be something (the usual request has nothing).
+        elif (
+            "_quota_after" in found or (spec is not None and (spec.charge_when or decided.more))
+        ) and (after := _settlement(found, decided, response)) is not None:
             decision = state.enforcer.settle(decided, **after)
             _add(headers, rate_limit_headers(decision, mode), names)
         else:
@@ -83,6 +87,8 @@ def _add(headers: Headers, pairs: list[tuple[str, str]], names: Mapping[str, str
     """``apply_headers``, with a fast path for a response's own Werkzeug ``Headers`` that
     holds none of ours (the usual case): its pair list is extended directly, skipping
     ``add``'s search of each value for a line break (ours are printable ASCII)."""
+    if not pairs:  # QUOTA_HEADERS=none, or a route without rates: nothing to look for
+        return
     if not names and type(headers) is Headers:
         listed = headers._list
         for name, _ in listed:

@@ -55,6 +55,12 @@ _MARKS = ("\x00ip\x00", "\x00who\x00", "\x00key\x00", "\x00tenant\x00")
 IP, WHO, KEY, TENANT = range(4)
 
 
+# ``QUOTA_HEADERS`` modes as module constants: read per request, and on Python 3.11 a
+# member read through its class (``HeaderMode.NONE``) runs ``EnumType.__getattr__``'s
+# slow path, about ten times a global's cost.
+_NO_HEADERS, _IETF, _LEGACY = HeaderMode.NONE, HeaderMode.IETF, HeaderMode.LEGACY
+
+
 def _owner_mark(n: int) -> str:
     """The stand-in for the key= owner of a stacked view's ``n``-th further limit; its
     tag is the ``TENANT + n``-th (see ``Route.keys_of``)."""
@@ -221,12 +227,12 @@ class Route:
     def headers(self, reply: Reply, mode: HeaderMode) -> list[tuple[str, str]]:
         """``rate_limit_headers`` of ``self.decision(reply)``, byte for byte, from the
         reply and this route's precomputed texts (no ``Decision`` is made)."""
-        if not self.enforced or mode is HeaderMode.NONE:
+        if not self.enforced or mode is _NO_HEADERS:
             return []
         shown, left, reset_us, now_us = reply.shown_state(self.shown_among)
         remaining = str(max(0, left))
         tier = shown - 1
-        if mode is HeaderMode.IETF:
+        if mode is _IETF:
             headers: list[tuple[str, str]] = []
         else:
             headers = [
@@ -235,7 +241,7 @@ class Route:
                 (RESET, str(-(-reset_us // US))),
                 (RESOURCE, self.names[tier]),
             ]
-            if mode is HeaderMode.LEGACY:
+            if mode is _LEGACY:
                 return headers
         reset_in = max(0, -(-(reset_us - now_us) // US))  # seconds_until, inlined
         headers.append((POLICY, self.policy))
