@@ -230,23 +230,23 @@ class Route:
         if not self.enforced or mode is _NO_HEADERS:
             return []
         shown, left, reset_us, now_us = reply.shown_state(self.shown_among)
-        remaining = str(max(0, left))
+        remaining = str(left) if left > 0 else "0"  # max(0, left): no call
         tier = shown - 1
-        if mode is _IETF:
-            headers: list[tuple[str, str]] = []
-        else:
-            headers = [
+        if mode is not _IETF:
+            legacy = [
                 (LIMIT, self.limit_texts[tier]),
                 (REMAINING, remaining),
                 (RESET, str(-(-reset_us // US))),
                 (RESOURCE, self.names[tier]),
             ]
             if mode is _LEGACY:
-                return headers
-        reset_in = max(0, -(-(reset_us - now_us) // US))  # seconds_until, inlined
-        headers.append((POLICY, self.policy))
-        headers.append((RATELIMIT, f"{self.labels[tier]};r={remaining};t={reset_in}"))
-        return headers
+                return legacy
+        reset_in = -(-(reset_us - now_us) // US)  # seconds_until, inlined
+        ietf = [
+            (POLICY, self.policy),
+            (RATELIMIT, f"{self.labels[tier]};r={remaining};t={reset_in if reset_in > 0 else 0}"),
+        ]
+        return ietf if mode is _IETF else legacy + ietf
 
 
 def build_route(
