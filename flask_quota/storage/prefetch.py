@@ -190,6 +190,7 @@ class Prefetch(Layer):
         """The request's reply from this worker's shares, spent; None when any check has
         none that covers its cost (then nothing is spent)."""
         found: list[_Share | None] = []
+        base: _Share | None = None  # the first share: its answer's time is the reply's
         for check, key in zip(checks, keys, strict=True):
             if check.algorithm is _BLOCK:
                 if self._gates.get(key, 0.0) <= now:
@@ -197,12 +198,16 @@ class Prefetch(Layer):
                 found.append(None)
                 continue
             share = self._shares.get(key)
-            if share is None or share.rate != check.rate or share.left < check.cost:
+            if share is None or share.left < check.cost or share.deadline <= now:
                 return None
-            if share.deadline <= now:
+            # The same rate is the same object (the plan's) but after a plan change: ``is``
+            # first spares the dataclass's ``__eq__``, a Python call per check.
+            if share.rate is not check.rate and share.rate != check.rate:
                 return None
             found.append(share)
-        base = next(s for s in found if s is not None)
+            if base is None:
+                base = share
+        assert base is not None  # a prefetchable request has a bucket (``_prefetchable``)
         now_us = base.now_us + round((now - base.got) * US)
         reply = HeldReply((now_us, 1))
         for check, share in zip(checks, found, strict=True):
@@ -235,7 +240,7 @@ class Prefetch(Layer):
             if check.algorithm is _BLOCK:
                 continue
             known = self._shares.get(key)
-            if known is None or known.rate != check.rate:
+            if known is None or (known.rate is not check.rate and known.rate != check.rate):
                 continue  # first sight (or a new rate): decided exactly, and then known
             _tick(known, now)
             if known.deadline > now and known.left >= check.cost:
@@ -290,7 +295,7 @@ class Prefetch(Layer):
                     continue
                 remaining, reset_us = reply.remaining(i), reply.reset_us(i)
                 known = self._shares.get(key)
-                if known is None or known.rate != check.rate:
+                if known is None or (known.rate is not check.rate and known.rate != check.rate):
                     # A bucket is known from its second request within the horizon on:
                     # the first costs one dict entry, so cold callers stay cheap.
                     first = self._seen.pop(key, None)
