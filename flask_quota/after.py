@@ -10,10 +10,12 @@ teardown, which also catches what a failing hook left behind.
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flask import Response, g
+from flask import Flask, Response, g
 from werkzeug.datastructures import Headers
 
 from .core.enforcer import Decided, Enforcer
@@ -22,12 +24,13 @@ from .core.headers import OURS, RETRY_AFTER, HeaderMode, apply_headers, rate_lim
 from .core.policy import LimitSpec
 from .state import QuotaState
 
-__all__ = ["NOTHING_AFTER", "after_hook", "teardown_hook"]
+__all__ = ["NOTHING_AFTER", "after_hook", "lease_teardown", "teardown_hook"]
 
 log = logging.getLogger("flask_quota")
 
 # ``g._quota_after`` until a view calls quota.charge or quota.settle: (units, actual).
 NOTHING_AFTER: tuple[int, int | None] = (0, None)
+_NO_HEADERS = HeaderMode.NONE  # a module constant: see ``core.route``'s
 
 
 def after_hook(state: QuotaState) -> Callable[[Response], Response]:
@@ -45,7 +48,7 @@ def after_hook(state: QuotaState) -> Callable[[Response], Response]:
         settings = state.settings
         mode, names, headers = settings.headers, settings.header_names, response.headers
         route, reply, spec = decided.route, decided.reply, decided.spec
-        if route.leases and mode is not HeaderMode.NONE:
+        if route.leases and mode is not _NO_HEADERS:
             _add(headers, route.lease_headers(reply), names)
         decision = None
         if found.pop("_quota_inner", False):
@@ -58,7 +61,10 @@ def after_hook(state: QuotaState) -> Callable[[Response], Response]:
             _add(headers, route.headers(reply, mode), names)
             response.call_on_close(_Settle(state, decided, scope, response))
         # What the view asked for after the response: quota.charge's units, quota.settle's.
-        elif (after := _settlement(found, decided, response)) is not None:
+        # Asked only when there may be something (the usual request has nothing).
+        elif (
+            "_quota_after" in found or (spec is not None and (spec.charge_when or decided.more))
+        ) and (after := _settlement(found, decided, response)) is not None:
             decision = state.enforcer.settle(decided, **after)
             _add(headers, rate_limit_headers(decision, mode), names)
         else:
@@ -83,6 +89,8 @@ def _add(headers: Headers, pairs: list[tuple[str, str]], names: Mapping[str, str
     """``apply_headers``, with a fast path for a response's own Werkzeug ``Headers`` that
     holds none of ours (the usual case): its pair list is extended directly, skipping
     ``add``'s search of each value for a line break (ours are printable ASCII)."""
+    if not pairs:  # QUOTA_HEADERS=none, or a route without rates: nothing to look for
+        return
     if not names and type(headers) is Headers:
         listed = headers._list
         for name, _ in listed:
@@ -177,8 +185,6 @@ def teardown_hook(state: QuotaState) -> Callable[[BaseException | None], None]:
     hook was set: that response is never sent)."""
 
     def release_at_teardown(error: BaseException | None) -> None:
-        if not state.leasing:  # no request of this app ever held a lease: none to give back
-            return
         found = g._get_current_object().__dict__
         leased: Decided | None = found.pop("_quota_leased", None)
         if leased is not None:
@@ -188,6 +194,33 @@ def teardown_hook(state: QuotaState) -> Callable[[BaseException | None], None]:
             release()  # gives back once, whichever of it and the close comes first
 
     return release_at_teardown
+
+
+def lease_teardown(app: Flask, state: QuotaState) -> Callable[[], None]:
+    """Called by ``init_app`` where it would register ``teardown_hook``; returns what the
+    before-request hook calls when a request of ``app`` first holds a lease. That call
+    adds the teardown hook to the app's teardown functions, at the place registering it
+    at ``init_app`` gave it (Flask runs them in reverse order of registration), and sets
+    ``state.leasing``. Until then no request has a lease to give back, and none pays
+    Flask's dispatch of the hook (its coroutine check runs per hook and request)."""
+    position = len(app.teardown_request_funcs.get(None, ()))
+    ref = weakref.ref(app)  # the state lives in app.extensions: no cycle through it
+    hook = teardown_hook(state)
+    lock = threading.Lock()
+
+    def start_leasing() -> None:
+        with lock:
+            found = ref()
+            if state.leasing or found is None:
+                return
+            funcs = list(found.teardown_request_funcs.get(None, ()))
+            funcs.insert(position, hook)
+            # A new list, not an insertion: a request tearing down meanwhile goes on
+            # through the list it started with, none of its functions skipped or rerun.
+            found.teardown_request_funcs[None] = funcs
+            state.leasing = True
+
+    return start_leasing
 
 
 def _judged(more: tuple[LimitSpec, ...]) -> bool:

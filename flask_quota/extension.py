@@ -25,7 +25,7 @@ from flask import (
 )
 
 from . import signals
-from .after import NOTHING_AFTER, after_hook, teardown_hook
+from .after import NOTHING_AFTER, after_hook, lease_teardown
 from .cli import quota_cli
 from .core import leases, validators
 from .core.enforcer import Decided, Enforcer, Facts, limit_hooks, stack_hooks
@@ -200,9 +200,9 @@ class Quota:
         )
         sql.autostart(app, needed=settings.dashboard_url is not None)
         # Hooks bound to this app's state: a request looks up no ``current_app`` for it.
-        app.before_request(self._before_hook(state))
+        # The teardown hook is added at the first lease (``lease_teardown``).
+        app.before_request(self._before_hook(state, lease_teardown(app, state)))
         app.after_request(after_hook(state))
-        app.teardown_request(teardown_hook(state))
         if settings.dashboard_url is not None:
             from .dashboard import make_blueprint  # the dashboard is loaded only when mounted
 
@@ -478,9 +478,12 @@ class Quota:
 
         return flask_quota_status
 
-    def _before_hook(self, state: QuotaState) -> Callable[[], None]:
+    def _before_hook(
+        self, state: QuotaState, start_leasing: Callable[[], None]
+    ) -> Callable[[], None]:
         """The before-request hook of the app whose quota ``state`` is: a plain function,
-        the cheapest for the coroutine check Flask makes of every hook on every request."""
+        the cheapest for the coroutine check Flask makes of every hook on every request.
+        ``start_leasing()`` adds the teardown hook when a request first holds a lease."""
 
         def before_request() -> None:
             # The proxies (request, current_app, g) cost ~1 us per access: unwrap them once.
@@ -538,7 +541,8 @@ class Quota:
                 scope = g._get_current_object()
                 scope._quota = decided
                 if decided.route.leases and decided.reply.all_allowed:
-                    state.leasing = True  # from now on, the teardown hook looks for leases
+                    if not state.leasing:  # the first lease: the teardown hook joins
+                        start_leasing()
                     scope._quota_leased = decided  # given back after the response (after.py)
 
         return before_request

@@ -67,8 +67,8 @@ class QuotaState:
     # lookup per request instead of attribute probes on the view and its blueprints.
     views: dict[str, tuple[bool, Limits]] = field(default_factory=dict)
     proxy_warned: bool = False  # X-Forwarded-For without ProxyFix has been checked (once)
-    # A request of this app has held a lease: until then the teardown hook has none to
-    # look for (see ``after.teardown_hook``).
+    # A request of this app has held a lease: from then on the app has the teardown hook
+    # that gives leases back (see ``after.lease_teardown``).
     leasing: bool = False
     # block key -> (expires, what its 429 may say), see ``blocks.refusal``
     block_infos: Generations[str, tuple[float, dict[str, str | None]]] = field(

@@ -406,6 +406,27 @@ def test_routes_without_a_lease_take_none(app: Flask) -> None:
     response.close()
 
 
+def test_the_teardown_hook_joins_at_the_first_lease_in_its_place(app: Flask) -> None:
+    """Until a request holds a lease the app has no teardown hook of ours (no request
+    pays Flask's dispatch of it); the first lease adds it where ``init_app`` would have
+    registered it, between the app's teardown functions registered before and after."""
+    ran: list[str] = []
+    app.teardown_request(lambda error: ran.append("before init_app"))
+    _, client = lease_app(app, MemoryStorage())
+    app.teardown_request(lambda error: ran.append("after init_app"))
+    assert len(app.teardown_request_funcs[None]) == 2
+    client.get("/other").close()
+    assert len(app.teardown_request_funcs[None]) == 2
+    ran.clear()
+    assert client.get("/fast").status_code == 200
+    funcs = app.teardown_request_funcs[None]
+    assert len(funcs) == 3 and funcs[1].__name__ == "release_at_teardown"
+    assert ran == ["after init_app", "before init_app"]  # Flask runs them in reverse
+    # Our hook ran for that first request too: each slot comes back at its teardown.
+    assert [client.get("/fast").status_code for _ in range(3)] == [200] * 3
+    assert len(app.teardown_request_funcs[None]) == 3  # added once
+
+
 def test_signals_metrics_and_usage_count_a_concurrency_denial(app: Flask) -> None:
     """``quota_exceeded`` hears the denial (tier ``concurrent``); the metrics count it as
     ``denied`` on tier ``concurrent`` and the admitted ones as ``allowed``; the

@@ -55,21 +55,31 @@ def flat_decide(storage: Storage, checks: Sequence[Check], keys: Sequence[str]) 
     ``Check`` objects), a subclass that overrides ``decide`` (an app's logging or
     fault injection) or a ``decide`` set on the instance (a test's spy).
     """
-    fast = getattr(storage, "decide_flat", None)
-    if fast is not None and _flat_is_decide(type(storage)):
+    cls = type(storage)
+    flat = _FLAT_IS_DECIDE.get(cls)  # a dict read: this runs once or twice per request
+    if flat is None:
+        flat = _flat_is_decide(cls)
+    if flat:
         own = getattr(storage, "__dict__", None)
         if not own or "decide" not in own:
-            return fast(checks, keys)  # type: ignore[no-any-return]
+            return storage.decide_flat(checks, keys)  # type: ignore[attr-defined,no-any-return]
     return flat_reply(storage.decide(keyed(checks, keys)))
 
 
-@functools.lru_cache(maxsize=64)
+_FLAT_IS_DECIDE: dict[type, bool] = {}  # ``_flat_is_decide``'s answers, at most 64
+
+
 def _flat_is_decide(cls: type) -> bool:
-    """True when ``cls.decide`` is defined where ``cls.decide_flat`` is, or above it:
-    then ``decide_flat`` decides exactly as ``decide`` does."""
-    flat_owner = next(k for k in cls.__mro__ if "decide_flat" in vars(k))
+    """True when ``cls`` has a ``decide_flat`` and its ``decide`` is defined where
+    ``decide_flat`` is, or above it: then ``decide_flat`` decides exactly as ``decide``
+    does. Kept in ``_FLAT_IS_DECIDE``."""
+    flat_owner = next((k for k in cls.__mro__ if "decide_flat" in vars(k)), None)
     decide_owner = next((k for k in cls.__mro__ if "decide" in vars(k)), object)
-    return issubclass(flat_owner, decide_owner)
+    found = flat_owner is not None and issubclass(flat_owner, decide_owner)
+    if len(_FLAT_IS_DECIDE) >= 64:
+        _FLAT_IS_DECIDE.clear()
+    _FLAT_IS_DECIDE[cls] = found
+    return found
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,10 @@ MAX_FRACTION = 0.5
 """The largest share ``QUOTA_PREFETCH`` may ask for: half a bucket per worker."""
 
 _SHAPES = 1024  # augmented request shapes kept (the storage caches encodings by identity)
+# Members read per check of every request, as module constants: on Python 3.11 a member
+# read through its class (``Gate.BLOCK``) runs ``EnumType.__getattr__``'s slow path,
+# about ten times a global's cost.
+_BLOCK, _TOKEN_BUCKET, _FIXED_WINDOW = Gate.BLOCK, Algorithm.TOKEN_BUCKET, Algorithm.FIXED_WINDOW
 
 
 def share_size(fraction: float, rate: Rate, algorithm: Algorithm) -> int:
@@ -186,19 +190,24 @@ class Prefetch(Layer):
         """The request's reply from this worker's shares, spent; None when any check has
         none that covers its cost (then nothing is spent)."""
         found: list[_Share | None] = []
+        base: _Share | None = None  # the first share: its answer's time is the reply's
         for check, key in zip(checks, keys, strict=True):
-            if check.algorithm is Gate.BLOCK:
+            if check.algorithm is _BLOCK:
                 if self._gates.get(key, 0.0) <= now:
                     return None
                 found.append(None)
                 continue
             share = self._shares.get(key)
-            if share is None or share.rate != check.rate or share.left < check.cost:
+            if share is None or share.left < check.cost or share.deadline <= now:
                 return None
-            if share.deadline <= now:
+            # The same rate is the same object (the plan's) but after a plan change: ``is``
+            # first spares the dataclass's ``__eq__``, a Python call per check.
+            if share.rate is not check.rate and share.rate != check.rate:
                 return None
             found.append(share)
-        base = next(s for s in found if s is not None)
+            if base is None:
+                base = share
+        assert base is not None  # a prefetchable request has a bucket (``_prefetchable``)
         now_us = base.now_us + round((now - base.got) * US)
         reply = HeldReply((now_us, 1))
         for check, share in zip(checks, found, strict=True):
@@ -228,10 +237,10 @@ class Prefetch(Layer):
         extra, guards = [0] * len(checks), [0] * len(checks)
         refunds: list[tuple[Check, int]] = []
         for i, (check, key) in enumerate(zip(checks, keys, strict=True)):
-            if check.algorithm is Gate.BLOCK:
+            if check.algorithm is _BLOCK:
                 continue
             known = self._shares.get(key)
-            if known is None or known.rate != check.rate:
+            if known is None or (known.rate is not check.rate and known.rate != check.rate):
                 continue  # first sight (or a new rate): decided exactly, and then known
             _tick(known, now)
             if known.deadline > now and known.left >= check.cost:
@@ -239,7 +248,7 @@ class Prefetch(Layer):
             if known.left and known.left * 2 > known.taken:
                 # Expired mostly unspent: next time, what this one was spent on.
                 known.size = max(1, _power_below(known.taken - known.left))
-            if known.left and check.algorithm is Algorithm.FIXED_WINDOW:
+            if known.left and check.algorithm is _FIXED_WINDOW:
                 refunds.append((Check(key, check.algorithm, check.rate, known.left,
                                       False, check.calendar), known.charged_us))  # fmt: skip
             known.left = 0
@@ -252,7 +261,7 @@ class Prefetch(Layer):
             if size <= 0:
                 continue
             extra[i] = size
-            if check.algorithm is Algorithm.TOKEN_BUCKET:
+            if check.algorithm is _TOKEN_BUCKET:
                 guards[i] = _power_below(_guard(check, known, size, gap))
         return extra, guards, refunds
 
@@ -279,14 +288,14 @@ class Prefetch(Layer):
             for i, (check, key) in enumerate(zip(checks, keys, strict=True)):
                 if forgot and forgot.get(key, float("-inf")) > sent:
                     continue  # reset or blocked while this call was in flight
-                if check.algorithm is Gate.BLOCK:
+                if check.algorithm is _BLOCK:
                     # Trusted only where shares may be spent: not for every cold caller.
                     if allowed and (took or key in self._gates):
                         self._gates[key] = sent + self.horizon
                     continue
                 remaining, reset_us = reply.remaining(i), reply.reset_us(i)
                 known = self._shares.get(key)
-                if known is None or known.rate != check.rate:
+                if known is None or (known.rate is not check.rate and known.rate != check.rate):
                     # A bucket is known from its second request within the horizon on:
                     # the first costs one dict entry, so cold callers stay cheap.
                     first = self._seen.pop(key, None)
@@ -307,7 +316,7 @@ class Prefetch(Layer):
                     if allowed and known.size == 0 and remaining >= check.cost + 2:
                         known.size = 1  # room again after refusals: start small
                     continue
-                if check.algorithm is Algorithm.TOKEN_BUCKET:
+                if check.algorithm is _TOKEN_BUCKET:
                     until_us = reset_us - s * check.rate.interval_us
                 else:
                     until_us = reset_us  # the window's end
@@ -383,7 +392,7 @@ class Prefetch(Layer):
         with self._lock:
             for check in checks:
                 share = self._shares.get(check.key)
-                if share is not None and check.algorithm is Algorithm.TOKEN_BUCKET:
+                if share is not None and check.algorithm is _TOKEN_BUCKET:
                     share.deadline -= check.cost * check.rate.interval_us / US
 
     def charge(self, checks: Sequence[Check]) -> None:
@@ -411,9 +420,9 @@ def _prefetchable(checks: Sequence[Check]) -> bool:
     buckets and fixed windows, at least one of those (see the module docstring)."""
     bucket = False
     for c in checks:
-        if c.algorithm is Gate.BLOCK:
+        if c.algorithm is _BLOCK:
             continue
-        if c.shadow or c.algorithm not in (Algorithm.TOKEN_BUCKET, Algorithm.FIXED_WINDOW):
+        if c.shadow or c.algorithm not in (_TOKEN_BUCKET, _FIXED_WINDOW):
             return False
         bucket = True
     return bucket
@@ -440,7 +449,7 @@ def _guard(check: Check, known: _Share, size: int, gap: float) -> int:
 def _reset(check: Check, share: _Share) -> int:
     """A bucket's reset as this worker sees it: a token bucket refills its unspent
     share sooner; a window resets at its end."""
-    if check.algorithm is Algorithm.TOKEN_BUCKET:
+    if check.algorithm is _TOKEN_BUCKET:
         return share.reset_us - share.left * check.rate.interval_us
     return share.reset_us
 
