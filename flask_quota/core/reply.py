@@ -23,6 +23,7 @@ __all__ = ["HeldReply", "LocalReply", "Reply"]
 
 _HEAD = 2  # now_us, all_allowed
 _STRIDE = 4  # allowed, remaining, reset_us, retry_us
+_REMAINING = _HEAD + 1  # check 0's remaining (its reset_us follows)
 _SHORT = 2  # all_allowed in the short form: every check allowed (see the module docstring)
 
 
@@ -118,13 +119,13 @@ class Reply(list[int]):
     def _closest(self, among: Sequence[int]) -> tuple[int, int, int]:
         """``closest`` with that check's remaining and reset_us."""
         found = among[0]
-        j = _HEAD + _STRIDE * found
-        fewest, latest = self[j + 1], self[j + 2]
-        for i in among:
-            j = _HEAD + _STRIDE * i
-            left, reset = self[j + 1], self[j + 2]
-            if left < fewest or (left == fewest and reset > latest):
-                found, fewest, latest = i, left, reset
+        j = _REMAINING + _STRIDE * found
+        fewest, latest = self[j], self[j + 1]
+        for i in among[1:]:  # the request path: a few list reads per tier, nothing made
+            j = _REMAINING + _STRIDE * i
+            left = self[j]
+            if left < fewest or (left == fewest and self[j + 1] > latest):
+                found, fewest, latest = i, left, self[j + 1]
         return found, fewest, latest
 
     def shown(self, among: Sequence[int]) -> int:
@@ -141,11 +142,10 @@ class Reply(list[int]):
         write, read in one call (the after-request path)."""
         if self[1]:  # all allowed (the usual case): the closest, with its numbers
             found, fewest, latest = self._closest(among)
-        else:
-            found = self.shown(among)
-            j = _HEAD + _STRIDE * found
-            fewest, latest = self[j + 1], self[j + 2]
-        return found, int(fewest), int(latest), int(self[0])
+            return found, fewest, latest, self[0]
+        found = self.shown(among)
+        j = _REMAINING + _STRIDE * found
+        return found, self[j], self[j + 1], self[0]
 
 
 class LocalReply(Reply):
