@@ -58,8 +58,8 @@ from .redis_side import decision_calls, decision_instructions
 
 CALLS = ("decide", "floor")
 # gunicorn (4 sync workers) serving flask-quota, three tiers, Redis, on this machine:
-# README's Benchmarks table (bench/results.md, 2026-11-30 19:34 UTC).
-APP_SERVER_RPS = 3222
+# README's Benchmarks table (bench/results.md, 2026-12-02 02:19 UTC).
+APP_SERVER_RPS = 2305
 # Busy callers at their limit, bench.prefetch's cases (a limit well above a share, and
 # one where a share is a few units).
 BUSY_CASES = (
