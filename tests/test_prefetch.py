@@ -346,3 +346,42 @@ def test_a_block_while_a_take_is_in_flight_is_not_forgotten() -> None:
     assert blocked, "a share was asked for"
     assert reply.all_allowed  # decided before the block
     assert not prefetch.decide_flat(checks, keys).all_allowed  # and the next one sees it
+
+
+@pytest.mark.parametrize("rate", [Rate(1_000_000, 3600), Rate(1_000_000, 60)])
+def test_shares_stay_worth_taking_when_the_bucket_refills_faster_than_a_worker_spends(
+    rate: Rate,
+) -> None:
+    """High limits, the usual case: four workers share a caller's 400 requests a second,
+    so each spends a share slower than the bucket refills, and the bucket stays near
+    full. A share must then burn a guard large enough to be spent at the worker's pace;
+    a guard no larger than the share made each share expire mostly unspent, halving
+    the next, until nearly every request asked the storage again."""
+    now = [1_800_000_000_000_000]
+    storage = MemoryStorage(clock=lambda: now[0])
+    calls = [0]
+    real = storage.decide_flat
+
+    def counted(c: Any, k: Any) -> Any:
+        calls[0] += 1
+        return real(c, k)
+
+    storage.decide_flat = counted  # type: ignore[method-assign]
+    workers = [
+        Prefetch(storage, fraction=0.05, horizon=1.5, clock=lambda: now[0] / 1e6)
+        for _ in range(4)
+    ]
+    checks = (
+        Check("q:blk:u", Gate.BLOCK, Rate(1, 1), 0),
+        Check("q:u:u", Algorithm.TOKEN_BUCKET, rate, 1),
+    )
+    keys = [c.key for c in checks]
+    requests = 4000  # ten seconds
+    for i in range(requests):
+        now[0] += 2_500  # 400 a second, dealt to the workers in turn
+        assert workers[i % 4].decide_flat(checks, keys).all_allowed
+        if i == requests // 2:
+            calls[0], settled = 0, i
+    # Settled, each worker asks about once per share (its horizon's worth of requests).
+    per_request = calls[0] / (requests - settled - 1)
+    assert per_request < 0.02, per_request

@@ -262,7 +262,7 @@ class Prefetch(Layer):
                 continue
             extra[i] = size
             if check.algorithm is _TOKEN_BUCKET:
-                guards[i] = _power_below(_guard(check, known, size, gap))
+                guards[i] = _guard(check, known, size, gap, self._max(check), now)
         return extra, guards, refunds
 
     def _keep(
@@ -434,15 +434,25 @@ def _tick(share: _Share, now: float) -> None:
     share.seen = now
 
 
-def _guard(check: Check, known: _Share, size: int, gap: float) -> int:
+def _guard(check: Check, known: _Share, size: int, gap: float, most: int, now: float) -> int:
     """The units to burn with a token bucket's share of ``size`` so that it can be spent
     at this worker's pace (a request every ``gap`` s): a share is spendable for as many
     intervals as the bucket then lacks, less the share (see the module docstring), so
-    a bucket with less room needs less. At most the share; none when the room lacks."""
+    a bucket with less room needs less. A power of two (few request shapes), at most
+    the largest share (``most``) however slowly this worker spends: a bucket that
+    refills faster than one worker spends (high limits, many workers) stays that far
+    below full, and no farther, while it is busy. None when the room lacks."""
     interval = check.rate.interval_us
     wanted = -(-round(size / check.cost * gap * US) // interval)  # intervals to spend it in
-    lacking = check.rate.capacity - known.remaining + check.cost
-    guard = min(size, max(0, wanted - lacking))
+    # What the bucket lacks now: at its last answer, less what it has refilled since (a
+    # high limit's bucket refills much in a horizon; an old lack would buy too short a
+    # share). Taken by other workers meanwhile, it lacks more: the guard then burns more.
+    refilled = int((now - known.got) * US) // interval
+    lacking = max(0, check.rate.capacity - known.remaining - refilled) + check.cost
+    short = wanted - lacking
+    if short <= 0:
+        return 0
+    guard = min(1 << (short - 1).bit_length(), _power_below(most))  # rounded up, capped
     return guard if known.remaining >= check.cost + size + guard else 0
 
 
