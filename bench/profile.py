@@ -33,6 +33,9 @@ hiredis: the difference is what hiredis saves). The newer tiers, each next to
   ``1000/month``, the measured one is not;
 * redis-calendar: the measured resource is ``100000000/month``.
 
+And redis-prefetch: ``QUOTA_PREFETCH=0.05`` with four busy callers (every other case
+rotates over 1,000), so nearly every request is answered from shares in hand.
+
 Redis cases start their own redis-server.
 """
 
@@ -115,10 +118,13 @@ LIMITER_CASES: dict[str, Callable[[str], Flask]] = {
     "fl-redis-h1": lambda url: limiter_app(url, headers=True),
 }
 CASES = (
-    "bare", "hook", "floor", "mem", "mem-h0", "redis", "redis-pyparser", *TIER_CASES,
+    "bare", "hook", "floor", "mem", "mem-h0", "redis", "redis-pyparser", "redis-prefetch",
+    *TIER_CASES,
     *LIMITER_CASES,
 )  # fmt: skip
-REDIS_CASES = ("floor", "redis", "redis-pyparser", *TIER_CASES, "fl-redis", "fl-redis-h1")
+REDIS_CASES = (
+    "floor", "redis", "redis-pyparser", "redis-prefetch", *TIER_CASES, "fl-redis", "fl-redis-h1",
+)
 # (label, numerator, denominator) of the issue's must-shows, over bare.
 RATIOS = (
     ("Redis: flask-quota / floor", "redis", "floor"),
@@ -146,6 +152,8 @@ def make_app(case: str, url: str, callers: list[tuple[str, str]]) -> Flask:
         return quota_app("memory://", headers="none")
     if case == "redis":
         return quota_app(url)
+    if case == "redis-prefetch":
+        return quota_app(url, prefetch=0.05)
     if case == "redis-pyparser":
         app = quota_app(url)
         storage = app.extensions["quota"].storage
@@ -171,7 +179,7 @@ class _TestClientDriver(ClientDriver):
 
 
 def driver_for(case: str, url: str, client: bool = False) -> WsgiDriver | _TestClientDriver:
-    callers = caller_sequence(1000, 1000)
+    callers = caller_sequence(4 if case == "redis-prefetch" else 1000, 1000)
     app = make_app(case, url, callers)
     driver = _TestClientDriver(app, callers) if client else WsgiDriver(app, callers)
     for _ in range(1000):  # warm: every caller's state exists, caches are filled

@@ -50,9 +50,12 @@ def steps() -> dict[str, Callable[[], object]]:
         for ip, u in callers
     ]
     turn = count()
+    # The app's own hooks (bound to its quota state when registered).
+    (before_hook,) = (f for f in app.before_request_funcs[None] if "Quota" in f.__qualname__)
+    (after_hook,) = (f for f in app.after_request_funcs[None] if "after_hook" in f.__qualname__)
     catalog = state.catalog()
     plan = catalog.resolve("b", "u1", fallback="b")
-    spec = state.views[PATH.strip("/")][1]
+    spec = state.views[PATH.strip("/")][1][0]  # the view's one limit
     route = state.route(catalog, plan, "res", "GET", spec, "res", 1)
     keys = [route.keys(f"ip={ip}", f"id={u}", f"id={u}") for ip, u in callers]
 
@@ -66,14 +69,14 @@ def steps() -> dict[str, Callable[[], object]]:
         return step
 
     def before() -> None:
-        quota._before_request()
+        before_hook()
         g.__dict__.pop("_quota")
 
     return {
         "pushpop": within(lambda: None),
         "before": within(before),
         "before_after": within(
-            lambda: (quota._before_request(), quota._after_request(Response("ok")))
+            lambda: (before_hook(), after_hook(Response("ok")))
         ),
         "response": within(lambda: Response("ok")),
         "identify": within(lambda: quota._identify(state.settings, request._get_current_object())),

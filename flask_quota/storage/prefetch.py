@@ -130,6 +130,8 @@ class Prefetch(Layer):
         # (id(checks), costs) -> (checks, the same checks with those costs)
         self._shapes: Generations[tuple[int, tuple[int, ...]], tuple[object, tuple[Check, ...]]]
         self._shapes = Generations(_SHAPES)
+        # id(checks) -> (checks, whether shares may decide them): asked on every request
+        self._kinds: dict[int, tuple[Sequence[Check], bool]] = {}
         self.local = 0  # decisions answered from shares, without the storage
 
     # -- deciding -------------------------------------------------------------
@@ -142,7 +144,12 @@ class Prefetch(Layer):
     def decide_flat(self, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
         """From shares when they cover every check, else one storage call (two when a
         share asked for did not fit: then the request is decided again without)."""
-        if not _prefetchable(checks):
+        kind = self._kinds.get(id(checks))
+        if kind is None or kind[0] is not checks:  # a shape not seen (or its id reused)
+            if len(self._kinds) >= _SHAPES:
+                self._kinds.clear()
+            kind = self._kinds[id(checks)] = (checks, _prefetchable(checks))
+        if not kind[1]:
             return flat_decide(self.storage, checks, keys)
         now = self._clock()
         with self._lock:  # one acquire: spent from shares, or what to ask the storage
@@ -188,41 +195,50 @@ class Prefetch(Layer):
 
     def _spend(self, checks: Sequence[Check], keys: Sequence[str], now: float) -> Reply | None:
         """The request's reply from this worker's shares, spent; None when any check has
-        none that covers its cost (then nothing is spent)."""
+        none that covers its cost (then nothing is spent). Every request answered from
+        shares runs this, so it reads attributes once and calls no helper."""
+        shares, gates = self._shares, self._gates
         found: list[_Share | None] = []
         base: _Share | None = None  # the first share: its answer's time is the reply's
         for check, key in zip(checks, keys, strict=True):
             if check.algorithm is _BLOCK:
-                if self._gates.get(key, 0.0) <= now:
+                if gates.get(key, 0.0) <= now:
                     return None
                 found.append(None)
                 continue
-            share = self._shares.get(key)
+            share = shares.get(key)
             if share is None or share.left < check.cost or share.deadline <= now:
                 return None
             # The same rate is the same object (the plan's) but after a plan change: ``is``
             # first spares the dataclass's ``__eq__``, a Python call per check.
-            if share.rate is not check.rate and share.rate != check.rate:
+            rate = share.rate
+            if rate is not check.rate and rate != check.rate:
                 return None
             found.append(share)
             if base is None:
                 base = share
         assert base is not None  # a prefetchable request has a bucket (``_prefetchable``)
         now_us = base.now_us + round((now - base.got) * US)
-        reply = HeldReply((now_us, 1))
+        out = [now_us, 1]
         for check, share in zip(checks, found, strict=True):
             if share is None:
-                reply += (1, 0, now_us, 0)  # the block gate: not blocked
+                out += (1, 0, now_us, 0)  # the block gate: not blocked
                 continue
-            share.left -= check.cost
-            _tick(share, now)
-            if share.left < check.cost and now - share.took < (share.deadline - share.took) / 2:
+            cost = check.cost
+            left = share.left = share.left - cost
+            share.gap += (now - share.seen - share.gap) / 4  # ``_tick``, inlined
+            share.seen = now
+            took = share.took
+            if left < cost and now - took < (share.deadline - took) / 2:
                 # Used up in the first half of its life: ask more. (Used up later, the
                 # size was right; doubling then would undo the halving that a burst's
                 # unspent end brings, burst after burst.)
                 share.size = min(share.size * 2, self._max(check))
-            reply += (1, share.remaining + share.left, _reset(check, share), 0)
-        return reply
+            reset = share.reset_us  # ``_reset``, inlined
+            if check.algorithm is _TOKEN_BUCKET:
+                reset -= left * check.rate.interval_us
+            out += (1, share.remaining + left, reset, 0)
+        return HeldReply(out)
 
     def _asks(
         self, checks: Sequence[Check], keys: Sequence[str], now: float
