@@ -34,7 +34,10 @@ hiredis: the difference is what hiredis saves). The newer tiers, each next to
 * redis-calendar: the measured resource is ``100000000/month``.
 
 And redis-prefetch: ``QUOTA_PREFETCH=0.05`` with four busy callers (every other case
-rotates over 1,000), so nearly every request is answered from shares in hand.
+rotates over 1,000), so nearly every request is answered from shares in hand;
+redis-prefetch-cold: the same app on 20,000 rotating callers, whose own buckets are
+too cold for shares (each is seen again after the sync interval): each request asks
+Redis, as ``redis`` does, and only the per-IP tier is busy.
 
 Redis cases start their own redis-server.
 """
@@ -119,11 +122,12 @@ LIMITER_CASES: dict[str, Callable[[str], Flask]] = {
 }
 CASES = (
     "bare", "hook", "floor", "mem", "mem-h0", "redis", "redis-pyparser", "redis-prefetch",
-    *TIER_CASES,
+    "redis-prefetch-cold", *TIER_CASES,
     *LIMITER_CASES,
 )  # fmt: skip
 REDIS_CASES = (
-    "floor", "redis", "redis-pyparser", "redis-prefetch", *TIER_CASES, "fl-redis", "fl-redis-h1",
+    "floor", "redis", "redis-pyparser", "redis-prefetch", "redis-prefetch-cold", *TIER_CASES,
+    "fl-redis", "fl-redis-h1",
 )
 # (label, numerator, denominator) of the issue's must-shows, over bare.
 RATIOS = (
@@ -152,7 +156,7 @@ def make_app(case: str, url: str, callers: list[tuple[str, str]]) -> Flask:
         return quota_app("memory://", headers="none")
     if case == "redis":
         return quota_app(url)
-    if case == "redis-prefetch":
+    if case in ("redis-prefetch", "redis-prefetch-cold"):
         return quota_app(url, prefetch=0.05)
     if case == "redis-pyparser":
         app = quota_app(url)
@@ -179,7 +183,8 @@ class _TestClientDriver(ClientDriver):
 
 
 def driver_for(case: str, url: str, client: bool = False) -> WsgiDriver | _TestClientDriver:
-    callers = caller_sequence(4 if case == "redis-prefetch" else 1000, 1000)
+    population = {"redis-prefetch": 4, "redis-prefetch-cold": 20_000}.get(case, 1000)
+    callers = caller_sequence(population, max(population, 1000))
     app = make_app(case, url, callers)
     driver = _TestClientDriver(app, callers) if client else WsgiDriver(app, callers)
     for _ in range(1000):  # warm: every caller's state exists, caches are filled

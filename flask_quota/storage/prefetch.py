@@ -15,10 +15,12 @@ must not do is outlive its units' meaning, and that bound is the whole design:
   are never larger, and the long-run rate is never higher. The rule the issue
   sketched ("within the time its units take to refill") alone would allow a
   burst of capacity plus a share; ``tests/test_prefetch_model.py`` checks ours
-  over random interleavings. A share taken while the bucket has room also burns a
-  *guard* of as many units again, which makes the share spendable for the time its
-  units take to refill; near its limit a bucket takes no guard (its own deficit
-  gives the time).
+  over random interleavings. A share taken while the bucket is near full also burns
+  a *guard*: units that push the bucket's TAT out far enough for the share to be
+  spent at this worker's pace, at most the largest share (``fraction`` of the
+  bucket). A bucket that refills faster than one worker spends (a high limit shared
+  by several workers) so stays up to a largest share below full while it is busy;
+  near its limit a bucket takes no guard (its own deficit gives the time).
 - **Sliding windows** are never prefetched: their window moves with every request,
   so a unit held for any time may be spent in a window that no longer counts it.
   Routes with a sliding check, a shadow check or a concurrency lease are decided
@@ -32,7 +34,8 @@ cache. ``forget()`` (called on every SQL version change) drops every share at on
 Deadlines start when the storage call was *sent*: the storage decided later, so a
 share never outlives its storage-side bound. The price is under-admission: a
 share left unspent when it expires or is dropped is lost, at most one share per
-worker and bucket at a time, plus the guards. A worker halves its next share of a
+worker and bucket at a time, plus the guards (at most a largest share per worker
+and bucket, and none once the bucket lacks what they would buy). A worker halves its next share of a
 bucket when one expires mostly unspent, and doubles it (up to
 ``fraction`` of the bucket) when one runs out.
 """
@@ -164,8 +167,9 @@ class Prefetch(Layer):
             return local
         for unspent, charged_at_us in refunds:
             self._give_back(unspent, charged_at_us)
-        if not any(extra):
+        if extra is None:
             return self._exact(checks, keys, now)
+        assert guards is not None  # made with ``extra``
         asked = self._shape(
             checks, [c.cost + x + g for c, x, g in zip(checks, extra, guards, strict=True)]
         )
@@ -190,7 +194,7 @@ class Prefetch(Layer):
     def _exact(self, checks: Sequence[Check], keys: Sequence[str], sent: float) -> Reply:
         """The request decided in storage as asked; its answers update what is known."""
         reply = flat_decide(self.storage, checks, keys)
-        self._keep(checks, keys, reply, [0] * len(checks), sent)
+        self._keep(checks, keys, reply, None, sent)
         return reply
 
     def _spend(self, checks: Sequence[Check], keys: Sequence[str], now: float) -> Reply | None:
@@ -242,20 +246,23 @@ class Prefetch(Layer):
 
     def _asks(
         self, checks: Sequence[Check], keys: Sequence[str], now: float
-    ) -> tuple[list[int], list[int], list[tuple[Check, int]]]:
-        """Per check, the share to take with this request and the guard to burn with it.
-        None for gates, for buckets whose share still covers the cost, for a bucket seen
-        here for the first time, and for one asked for too seldom to spend a share.
+    ) -> tuple[list[int] | None, list[int] | None, list[tuple[Check, int]]]:
+        """Per check, the share to take with this request and the guard to burn with it
+        (both None when no check takes one: a cold caller's usual request). None for
+        gates, for buckets whose share still covers the cost, for a bucket seen here
+        for the first time, and for one asked for too seldom to spend a share.
         Also the unspent units of expired window shares, to give back (their charge
         time with each): a window's count may shrink by what was never spent. (A
         token bucket's may not: refilled meanwhile, it could then hold more than its
         capacity alongside other workers' shares.)"""
-        extra, guards = [0] * len(checks), [0] * len(checks)
+        extra: list[int] | None = None
+        guards: list[int] | None = None
         refunds: list[tuple[Check, int]] = []
+        shares = self._shares
         for i, (check, key) in enumerate(zip(checks, keys, strict=True)):
             if check.algorithm is _BLOCK:
                 continue
-            known = self._shares.get(key)
+            known = shares.get(key)
             if known is None or (known.rate is not check.rate and known.rate != check.rate):
                 continue  # first sight (or a new rate): decided exactly, and then known
             _tick(known, now)
@@ -276,6 +283,8 @@ class Prefetch(Layer):
             size = _power_below(min(known.size, uses, known.remaining - check.cost))
             if size <= 0:
                 continue
+            if extra is None or guards is None:
+                extra, guards = [0] * len(checks), [0] * len(checks)
             extra[i] = size
             if check.algorithm is _TOKEN_BUCKET:
                 guards[i] = _guard(check, known, size, gap, self._max(check), now)
@@ -286,48 +295,52 @@ class Prefetch(Layer):
         checks: Sequence[Check],
         keys: Sequence[str],
         reply: Reply,
-        extra: Sequence[int],
+        extra: Sequence[int] | None,
         sent: float,
     ) -> None:
-        """Keep the shares an allowed call took, and the block gates it read open; the
-        reply then counts each share as the caller's (approximate headers). A denied
-        call takes nothing: it only tells the buckets' room (the next shares' bound)."""
+        """Keep the shares an allowed call took (``extra``: None when it asked for none),
+        and the block gates it read open; the reply then counts each share as the
+        caller's (approximate headers). A denied call takes nothing: it only tells the
+        buckets' room (the next shares' bound). Every request that asks the storage
+        runs this, a cold caller's too, so its loop reads the reply by index."""
         now_us, allowed = reply.now_us, reply.all_allowed
-        took = allowed and any(extra)
+        took = allowed and extra is not None
         got = self._clock()
         with self._lock:
             if sent < self._forgot_at:
                 return  # asked before a reset or plan change: what it took is dropped
             if len(self._shares) >= self._max_keys or len(self._gates) >= self._max_keys:
                 self._prune(sent)
-            forgot = self._forgot
+            forgot, shares, seen, horizon = self._forgot, self._shares, self._seen, self.horizon
+            j = -2  # a check's answer in the reply: allowed, remaining, reset, retry from j
             for i, (check, key) in enumerate(zip(checks, keys, strict=True)):
+                j += 4
                 if forgot and forgot.get(key, float("-inf")) > sent:
                     continue  # reset or blocked while this call was in flight
                 if check.algorithm is _BLOCK:
                     # Trusted only where shares may be spent: not for every cold caller.
                     if allowed and (took or key in self._gates):
-                        self._gates[key] = sent + self.horizon
+                        self._gates[key] = sent + horizon
                     continue
-                remaining, reset_us = reply.remaining(i), reply.reset_us(i)
-                known = self._shares.get(key)
+                remaining, reset_us = reply[j + 1], reply[j + 2]
+                known = shares.get(key)
                 if known is None or (known.rate is not check.rate and known.rate != check.rate):
                     # A bucket is known from its second request within the horizon on:
                     # the first costs one dict entry, so cold callers stay cheap.
-                    first = self._seen.pop(key, None)
-                    if first is None or sent - first > self.horizon:
-                        if len(self._seen) >= self._max_keys:
-                            self._seen.clear()
-                        self._seen[key] = sent
+                    first = seen.pop(key, None)
+                    if first is None or sent - first > horizon:
+                        if len(seen) >= self._max_keys:
+                            seen.clear()
+                        seen[key] = sent
                         continue
-                    known = self._shares[key] = _Share(
+                    known = shares[key] = _Share(
                         check.rate, 0, 0, sent, remaining, reset_us, now_us, now_us, sent,
                         got, self._max(check), sent, sent - first,
                     )  # fmt: skip
                 known.remaining, known.reset_us, known.now_us, known.got = (
                     remaining, reset_us, now_us, got,
                 )  # fmt: skip
-                s = extra[i] if allowed else 0
+                s = extra[i] if took and extra is not None else 0
                 if s <= 0:
                     if allowed and known.size == 0 and remaining >= check.cost + 2:
                         known.size = 1  # room again after refusals: start small
@@ -338,8 +351,8 @@ class Prefetch(Layer):
                     until_us = reset_us  # the window's end
                 known.left = known.taken = s
                 known.charged_us, known.took = now_us, sent
-                known.deadline = sent + min(self.horizon, (until_us - now_us) / US)
-                j = 2 + 4 * i  # the reply says the share is the caller's to spend
+                known.deadline = sent + min(horizon, (until_us - now_us) / US)
+                # The reply says the share is the caller's to spend.
                 reply[j + 1] = remaining + s
                 reply[j + 2] = _reset(check, known)
 
