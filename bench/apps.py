@@ -189,7 +189,8 @@ def limiter_app(
 def gunicorn_app() -> Flask:
     """Factory for ``gunicorn 'bench.apps:gunicorn_app()'``, configured by BENCH_* variables."""
     kind = os.environ["BENCH_APP"]
-    url = os.environ.get("BENCH_REDIS_URL", "memory://")
+    # BENCH_STORAGE_URL=memory:// keeps flask-quota's counters in each worker (no Redis).
+    url = os.environ.get("BENCH_STORAGE_URL") or os.environ.get("BENCH_REDIS_URL", "memory://")
     if kind == "bare":
         return bare_app()
     if kind == "quota":
