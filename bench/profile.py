@@ -128,7 +128,7 @@ CASES = (
 REDIS_CASES = (
     "floor", "redis", "redis-pyparser", "redis-prefetch", "redis-prefetch-cold", *TIER_CASES,
     "fl-redis", "fl-redis-h1",
-)
+)  # fmt: skip
 # (label, numerator, denominator) of the must-shows, over bare.
 RATIOS = (
     ("Redis: flask-quota / floor", "redis", "floor"),

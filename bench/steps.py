@@ -75,9 +75,7 @@ def steps() -> dict[str, Callable[[], object]]:
     return {
         "pushpop": within(lambda: None),
         "before": within(before),
-        "before_after": within(
-            lambda: (before_hook(), after_hook(Response("ok")))
-        ),
+        "before_after": within(lambda: (before_hook(), after_hook(Response("ok")))),
         "response": within(lambda: Response("ok")),
         "identify": within(lambda: quota._identify(state.settings, request._get_current_object())),
         "decide": lambda: state.guard.decide_flat(route.calls, keys[next(turn) % len(keys)]),

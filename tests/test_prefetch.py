@@ -368,8 +368,7 @@ def test_shares_stay_worth_taking_when_the_bucket_refills_faster_than_a_worker_s
 
     storage.decide_flat = counted  # type: ignore[method-assign]
     workers = [
-        Prefetch(storage, fraction=0.05, horizon=1.5, clock=lambda: now[0] / 1e6)
-        for _ in range(4)
+        Prefetch(storage, fraction=0.05, horizon=1.5, clock=lambda: now[0] / 1e6) for _ in range(4)
     ]
     checks = (
         Check("q:blk:u", Gate.BLOCK, Rate(1, 1), 0),

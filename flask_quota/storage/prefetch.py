@@ -35,8 +35,8 @@ Deadlines start when the storage call was *sent*: the storage decided later, so 
 share never outlives its storage-side bound. The price is under-admission: a
 share left unspent when it expires or is dropped is lost, at most one share per
 worker and bucket at a time, plus the guards (at most a largest share per worker
-and bucket, and none once the bucket lacks what they would buy). A worker halves its next share of a
-bucket when one expires mostly unspent, and doubles it (up to
+and bucket, and none once the bucket lacks what they would buy). A worker halves
+its next share of a bucket when one expires mostly unspent, and doubles it (up to
 ``fraction`` of the bucket) when one runs out.
 """
 
