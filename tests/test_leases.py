@@ -469,6 +469,21 @@ def test_a_lease_denial_is_never_cached(app: Flask, redis_client: redis.Redis) -
     close_all([second, third])
 
 
+def test_a_lease_goes_back_in_one_zrem(app: Flask, redis_client: redis.Redis) -> None:
+    """The give-back after the response is the set's ``ZREM`` of the request's member,
+    a plain command: not the refund script, whose body (every algorithm's undo, the
+    server clock) cost more Redis work than the request's whole decision."""
+    _, client = lease_app(app, RedisStorage(redis_client))
+    assert client.get("/fast").status_code == 200  # the first loads the library
+    redis_client.config_resetstat()
+    for _ in range(3):
+        assert client.get("/fast").status_code == 200
+    stats: dict[str, Any] = redis_client.info("commandstats")
+    assert stats["cmdstat_zrem"]["calls"] == 3
+    assert "cmdstat_evalsha" not in stats
+    assert redis_client.zcard("quota:{id=alice}:c:fast") == 0  # every slot given back
+
+
 DEAD = "redis://127.0.0.1:1/0"  # nothing listens there: every call fails at once
 
 

@@ -53,6 +53,7 @@ from .redis import (
     functions_refused,
     read_blocks,
     refund_args,
+    released_leases,
 )
 from .redis_errors import REDIS_ERRORS
 from .redis_usage import RedisUsageSink
@@ -140,6 +141,12 @@ class ClusterStorage:
         return self._run(checks, "peek")
 
     def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
+        released = released_leases(checks) if checks else None
+        if released is not None:  # a release: each member leaves its set (redis.py)
+            client = self._connected()[0]
+            for set_key, member in released:
+                client.zrem(set_key, member)
+            return
         if checks:
             client, (_, refund, _) = self._connected()
             now_arg = "" if self._clock is None else self._clock()
