@@ -85,7 +85,8 @@ def _library(body: str) -> tuple[str, str]:
 
 
 LIBRARY, FUNCTION = _library(_script(*_PARTS))
-# Undo a charge (charge_when, Cluster) or give a lease back.
+# Undo a charge (charge_when, Cluster), leases among them. A release of leases alone
+# (after a response) is a plain ZREM instead: ``released_leases``.
 REFUND_SCRIPT = _script("common.lua", "lease.lua", "refund.lua")
 CHARGE_SCRIPT = _script("common.lua", "charge.lua")  # charge past the limit (quota.charge)
 

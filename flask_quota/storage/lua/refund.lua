@@ -85,7 +85,8 @@ local refunds = {
   swl = refund_log,
   swc = refund_counter,
   blk = function() return 0 end, -- a block gate charges nothing
-  ls = release_lease, -- a lease given back (after the response, or a denial in another slot)
+  ls = release_lease, -- a lease undone with others (a denial in another slot); a release
+  -- after the response alone is a plain ZREM (redis.py, released_leases)
 }
 
 local changed = 0
