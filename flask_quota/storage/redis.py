@@ -167,6 +167,9 @@ def refund_args(checks: Sequence[Check], now_arg: Any, charged_at_us: int) -> li
     return args
 
 
+_LEASE = Gate.LEASE  # read per release: a member read through its class is Enum's slow path
+
+
 def released_leases(checks: Sequence[Check]) -> list[tuple[str, str]] | None:
     """``(set key, member)`` of each check when all of them are leases given back (the
     release after a response), else None. Such a refund is the members leaving their
@@ -174,7 +177,7 @@ def released_leases(checks: Sequence[Check]) -> list[tuple[str, str]] | None:
     algorithm's undo and read the server clock to run that one command."""
     found = []
     for check in checks:
-        if check.algorithm is not Gate.LEASE or check.cost <= 0:
+        if check.algorithm is not _LEASE or check.cost <= 0:
             return None
         found.append(split(check.key))
     return found
