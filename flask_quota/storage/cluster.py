@@ -141,17 +141,18 @@ class ClusterStorage:
         return self._run(checks, "peek")
 
     def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
-        released = released_leases(checks) if checks else None
+        if not checks:
+            return
+        released = released_leases(checks)
         if released is not None:  # a release: each member leaves its set (redis.py)
             client = self._connected()[0]
             for set_key, member in released:
                 client.zrem(set_key, member)
             return
-        if checks:
-            client, (_, refund, _) = self._connected()
-            now_arg = "" if self._clock is None else self._clock()
-            at = charged_at_us
-            self._each_slot(client, refund, checks, lambda g: refund_args(g, now_arg, at))
+        client, (_, refund, _) = self._connected()
+        now_arg = "" if self._clock is None else self._clock()
+        at = charged_at_us
+        self._each_slot(client, refund, checks, lambda g: refund_args(g, now_arg, at))
 
     def charge(self, checks: Sequence[Check]) -> None:
         if checks:

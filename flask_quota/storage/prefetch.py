@@ -200,7 +200,7 @@ class Prefetch(Layer):
     def _spend(self, checks: Sequence[Check], keys: Sequence[str], now: float) -> Reply | None:
         """The request's reply from this worker's shares, spent; None when any check has
         none that covers its cost (then nothing is spent). Every request answered from
-        shares runs this, so it reads attributes once and calls no helper."""
+        shares runs this, so it reads each attribute once."""
         shares, gates = self._shares, self._gates
         found: list[_Share | None] = []
         base: _Share | None = None  # the first share: its answer's time is the reply's
@@ -230,18 +230,14 @@ class Prefetch(Layer):
                 continue
             cost = check.cost
             left = share.left = share.left - cost
-            share.gap += (now - share.seen - share.gap) / 4  # ``_tick``, inlined
-            share.seen = now
+            _tick(share, now)
             took = share.took
             if left < cost and now - took < (share.deadline - took) / 2:
                 # Used up in the first half of its life: ask more. (Used up later, the
                 # size was right; doubling then would undo the halving that a burst's
                 # unspent end brings, burst after burst.)
                 share.size = min(share.size * 2, self._max(check))
-            reset = share.reset_us  # ``_reset``, inlined
-            if check.algorithm is _TOKEN_BUCKET:
-                reset -= left * check.rate.interval_us
-            out += (1, share.remaining + left, reset, 0)
+            out += (1, share.remaining + left, _reset(check, share), 0)
         return HeldReply(out)
 
     def _asks(
