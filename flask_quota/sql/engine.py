@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.pool import QueuePool
 
 from ..storage.url import SCHEMES
 
@@ -56,8 +56,18 @@ def own_engine(url: str) -> Engine:
     sqlite_args = {"timeout": SQLITE_BUSY_TIMEOUT, "check_same_thread": False}
     database = parsed.database or ""
     if database in ("", ":memory:"):
-        # One shared in-memory database for every thread of this process.
-        return create_engine(url, poolclass=StaticPool, connect_args=sqlite_args)
+        # One in-memory database lives in one connection, which every thread of this
+        # process must share. A pool of exactly one lends it to one checkout at a time:
+        # shared freely, the pool's rollback at one thread's checkin would end another
+        # thread's running transaction (and sqlite3 may crash on concurrent cursors).
+        return create_engine(
+            url,
+            poolclass=QueuePool,
+            pool_size=1,
+            max_overflow=0,
+            pool_timeout=POOL_TIMEOUT,
+            connect_args=sqlite_args,
+        )
     Path(database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT})
     event.listen(engine, "connect", _sqlite_pragmas)
