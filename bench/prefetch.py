@@ -184,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=120.0, help="virtual seconds")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
-        "--gunicorn", type=int, metavar="ROUNDS", default=0,
+        "--gunicorn",
+        type=int,
+        metavar="ROUNDS",
+        default=0,
         help="also measure throughput under gunicorn and wrk, median of ROUNDS rounds",
     )
     args = parser.parse_args(argv)

@@ -79,6 +79,7 @@ print(" ".join(s["session"] for s in sessions if s["name"] != "tests" or s["pyth
 ' "$main")
 
 echo "== ruff"; .venv/bin/ruff check .
+echo "== ruff format"; .venv/bin/ruff format --check flask_quota dashboard migrations tests bench wsgi.py
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest: every test but the quiet ones, four processes ($(.venv/bin/python -V))"
 # The 25 slowest, so a slower run says where its time went.

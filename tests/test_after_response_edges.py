@@ -143,9 +143,7 @@ def test_a_concurrency_denial_never_blocks_the_caller(app: Flask, clock: FrozenC
         assert after.status_code == 200
 
 
-def test_a_view_without_a_limit_still_shows_the_plans_tiers(
-    app: Flask, clock: FrozenClock
-) -> None:
+def test_a_view_without_a_limit_still_shows_the_plans_tiers(app: Flask, clock: FrozenClock) -> None:
     """The after-response paths above must leave the plain case alone: the user tier's
     headers on a view that has no ``@quota.limit``."""
     app.config.update(QUOTA_PLANS={"free": {"user": "50/minute"}})

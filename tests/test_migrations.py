@@ -137,36 +137,36 @@ def test_a_0001_database_upgrades_in_place_to_tenants(database_url: str) -> None
     engine = create_engine(database_url)
     try:
         with engine.begin() as conn:
-            conn.execute(text(
+            conn.exec_driver_sql(
                 "INSERT INTO quota_plans (id, name, description, position, created_at) "
                 "VALUES (1, 'pro', '', 0, '2026-01-01 00:00:00')"
-            ))
-            conn.execute(text(
+            )
+            conn.exec_driver_sql(
                 "INSERT INTO quota_clients (id, name, plan_id, key_prefix, key_salt, key_hash, "
                 "created_at) VALUES (7, 'acme-bot', 1, 'fq_abc', 's', 'h', '2026-01-01 00:00:00')"
-            ))
-            conn.execute(text(
+            )
+            conn.exec_driver_sql(
                 "INSERT INTO quota_overrides (id, client_id, tier, resource, rate, created_at) "
                 "VALUES (3, 7, 'user', '', '9/minute', '2026-01-01 00:00:00')"
-            ))
+            )
         flask_db(database_url, "upgrade")
         assert differences(database_url) == []
         with engine.begin() as conn:
-            assert conn.execute(text(
+            assert conn.exec_driver_sql(
                 "SELECT name, tenant, billing_day FROM quota_clients"
-            )).all() == [("acme-bot", None, None)]
-            assert conn.execute(text(
+            ).all() == [("acme-bot", None, None)]
+            assert conn.exec_driver_sql(
                 "SELECT client_id, tenant, rate FROM quota_overrides"
-            )).all() == [(7, None, "9/minute")]
+            ).all() == [(7, None, "9/minute")]
             conn.execute(text("UPDATE quota_clients SET tenant = 'acme', billing_day = 15"))
-            conn.execute(text(
+            conn.exec_driver_sql(
                 "INSERT INTO quota_overrides (id, tenant, tier, resource, rate, created_at) "
                 "VALUES (4, 'acme', 'tenant', '', '50/minute', '2026-01-01 00:00:00')"
-            ))
-            conn.execute(text(
+            )
+            conn.exec_driver_sql(
                 "INSERT INTO quota_plan_limits (plan_id, tier, resource, rate, shadow) "
                 "VALUES (1, 'tenant', '', '500/minute', false)"
-            ))
+            )
         refused = [
             "UPDATE quota_clients SET billing_day = 32",
             "INSERT INTO quota_overrides (id, client_id, tenant, tier, resource, rate, "
@@ -197,24 +197,24 @@ def test_a_0002_database_upgrades_in_place_to_concurrency_and_units(database_url
     engine = create_engine(database_url)
     try:
         with engine.begin() as conn:
-            conn.execute(text(
+            conn.exec_driver_sql(
                 "INSERT INTO quota_plans (id, name, description, position, created_at) "
                 "VALUES (1, 'pro', '', 0, '2026-01-01 00:00:00')"
-            ))
-            conn.execute(text(
+            )
+            conn.exec_driver_sql(
                 "INSERT INTO quota_plan_limits (id, plan_id, tier, resource, rate, shadow) "
                 "VALUES (1, 1, 'user', '', '100/minute', false), "
                 "(2, 1, 'endpoint', 'ai_tokens', '2000/hour', false)"
-            ))
+            )
         flask_db(database_url, "upgrade")
         assert differences(database_url) == []
         with engine.begin() as conn:
             assert conn.execute(text("SELECT name, concurrent FROM quota_plans")).all() == [
                 ("pro", None)
             ]
-            assert conn.execute(text(
+            assert conn.exec_driver_sql(
                 "SELECT resource, rate, unit FROM quota_plan_limits ORDER BY id"
-            )).all() == [("", "100/minute", None), ("ai_tokens", "2000/hour", None)]
+            ).all() == [("", "100/minute", None), ("ai_tokens", "2000/hour", None)]
             conn.execute(text("UPDATE quota_plans SET concurrent = 4"))
             conn.execute(text("UPDATE quota_plan_limits SET unit = 'tokens' WHERE id = 2"))
         refused = [
@@ -229,8 +229,8 @@ def test_a_0002_database_upgrades_in_place_to_concurrency_and_units(database_url
         assert "unit" not in {c["name"] for c in inspect(engine).get_columns("quota_plan_limits")}
         with engine.begin() as conn:
             assert conn.execute(text("SELECT name FROM quota_plans")).all() == [("pro",)]
-            assert conn.execute(text(
+            assert conn.exec_driver_sql(
                 "SELECT resource, rate FROM quota_plan_limits ORDER BY id"
-            )).all() == [("", "100/minute"), ("ai_tokens", "2000/hour")]
+            ).all() == [("", "100/minute"), ("ai_tokens", "2000/hour")]
     finally:
         engine.dispose()

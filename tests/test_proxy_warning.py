@@ -40,8 +40,7 @@ def test_forwarded_requests_without_proxyfix_warn_once(
     client = proxied_app(app).test_client()
     with caplog.at_level(logging.WARNING, logger="flask_quota"):
         responses = [
-            client.get("/ping", headers={"X-Forwarded-For": f"198.51.100.{i}"})
-            for i in range(3)
+            client.get("/ping", headers={"X-Forwarded-For": f"198.51.100.{i}"}) for i in range(3)
         ]
     [warning] = warnings_of(caplog)
     assert "x_for=1" in warning and "127.0.0.1" in warning

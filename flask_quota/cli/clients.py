@@ -26,9 +26,7 @@ def clients_create(
     name: str, plan: str, tenant: str | None, billing_day: str | None, actor: str
 ) -> None:
     """Create a client and print its API key (shown this once; only a hash is kept)."""
-    info, key = admin_for(actor).create_client(
-        name, plan, tenant=tenant, billing_day=billing_day
-    )
+    info, key = admin_for(actor).create_client(name, plan, tenant=tenant, billing_day=billing_day)
     extra = f" of tenant {info.tenant!r}" if info.tenant is not None else ""
     click.echo(f"client {info.id} {info.name!r} on plan {info.plan!r}{extra}")
     click.echo(f"API key: {key}")

@@ -376,12 +376,10 @@ class _ScriptCall:
         )
         # id(checks) -> (checks, its checks argument, encoded): a request shape (a tuple the
         # request path reuses, see ``Route``) is encoded once. Held, so the id stays its own.
-        self._shapes: Generations[int, tuple[Sequence[Check], bytes | None]] = Generations(
-            _CACHED
-        )
+        self._shapes: Generations[int, tuple[Sequence[Check], bytes | None]] = Generations(_CACHED)
         # id(check) -> (check, the calendar bounds it was encoded for, its arguments).
-        self._calendar_args: Generations[int, tuple[Check, tuple[int, ...], bytes]] = (
-            Generations(_CACHED)
+        self._calendar_args: Generations[int, tuple[Check, tuple[int, ...], bytes]] = Generations(
+            _CACHED
         )
 
     def pack(
