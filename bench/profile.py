@@ -37,7 +37,8 @@ And redis-prefetch: ``QUOTA_PREFETCH=0.05`` with four busy callers (every other 
 rotates over 1,000), so nearly every request is answered from shares in hand;
 redis-prefetch-cold: the same app on 20,000 rotating callers, whose own buckets are
 too cold for shares (each is seen again after the sync interval): each request asks
-Redis, as ``redis`` does, and only the per-IP tier is busy.
+Redis, as ``redis`` does, and only the per-IP tier is busy; redis-cold: exact mode on
+those 20,000 callers, so that the two differ only by the prefetch layer.
 
 Redis cases start their own redis-server.
 """
@@ -122,13 +123,15 @@ LIMITER_CASES: dict[str, Callable[[str], Flask]] = {
 }
 CASES = (
     "bare", "hook", "floor", "mem", "mem-h0", "redis", "redis-pyparser", "redis-prefetch",
-    "redis-prefetch-cold", *TIER_CASES,
+    "redis-prefetch-cold", "redis-cold", *TIER_CASES,
     *LIMITER_CASES,
 )  # fmt: skip
 REDIS_CASES = (
-    "floor", "redis", "redis-pyparser", "redis-prefetch", "redis-prefetch-cold", *TIER_CASES,
-    "fl-redis", "fl-redis-h1",
+    "floor", "redis", "redis-pyparser", "redis-prefetch", "redis-prefetch-cold", "redis-cold",
+    *TIER_CASES, "fl-redis", "fl-redis-h1",
 )  # fmt: skip
+# Callers each case rotates over (every other case: 1,000).
+POPULATIONS = {"redis-prefetch": 4, "redis-prefetch-cold": 20_000, "redis-cold": 20_000}
 # (label, numerator, denominator) of the issue's must-shows, over bare.
 RATIOS = (
     ("Redis: flask-quota / floor", "redis", "floor"),
@@ -154,7 +157,7 @@ def make_app(case: str, url: str, callers: list[tuple[str, str]]) -> Flask:
         return quota_app("memory://")
     if case == "mem-h0":
         return quota_app("memory://", headers="none")
-    if case == "redis":
+    if case in ("redis", "redis-cold"):
         return quota_app(url)
     if case in ("redis-prefetch", "redis-prefetch-cold"):
         return quota_app(url, prefetch=0.05)
@@ -183,7 +186,7 @@ class _TestClientDriver(ClientDriver):
 
 
 def driver_for(case: str, url: str, client: bool = False) -> WsgiDriver | _TestClientDriver:
-    population = {"redis-prefetch": 4, "redis-prefetch-cold": 20_000}.get(case, 1000)
+    population = POPULATIONS.get(case, 1000)
     callers = caller_sequence(population, max(population, 1000))
     app = make_app(case, url, callers)
     driver = _TestClientDriver(app, callers) if client else WsgiDriver(app, callers)

@@ -384,3 +384,35 @@ def test_shares_stay_worth_taking_when_the_bucket_refills_faster_than_a_worker_s
     # Settled, each worker asks about once per share (its horizon's worth of requests).
     per_request = calls[0] / (requests - settled - 1)
     assert per_request < 0.02, per_request
+
+
+@pytest.mark.parametrize("step_us", [0, 400_000], ids=["clock-still", "clock-moving"])
+def test_a_bucket_is_known_from_its_second_request_within_the_horizon(step_us: int) -> None:
+    """The first request of a bucket only notes it; the second within the horizon makes
+    it known and the third takes a share. A clock that did not move in between (a
+    coarse one) must not pass the second for the first."""
+    now = [1_800_000_000_000_000]
+    prefetch = Prefetch(MemoryStorage(clock=lambda: now[0]), fraction=0.5, horizon=1.5,
+                        clock=lambda: now[0] / 1e6)  # fmt: skip
+    checks = _unit("second")
+    keys = [c.key for c in checks]
+    for holds in (False, False, True):
+        assert prefetch.decide_flat(checks, keys).all_allowed
+        assert (prefetch.held().get(checks[1].key, 0) > 0) is holds
+        now[0] += step_us
+
+
+def test_a_caller_seen_less_often_than_the_horizon_never_takes_a_share() -> None:
+    """A cold caller (each bucket asked once per horizon or less) is decided in storage
+    every time, and what the worker keeps of it is one note per bucket at most."""
+    now = [1_800_000_000_000_000]
+    storage = MemoryStorage(clock=lambda: now[0])
+    prefetch = Prefetch(storage, fraction=0.5, horizon=1.5, clock=lambda: now[0] / 1e6)
+    checks = _unit("cold")
+    keys = [c.key for c in checks]
+    for _ in range(5):
+        assert prefetch.decide_flat(checks, keys).all_allowed
+        assert prefetch.held() == {} and len(prefetch) == 0
+        now[0] += 1_600_000  # just past the horizon
+    assert prefetch.local == 0
+    assert storage.peek(list(checks)).outcomes[1].remaining == 100_000 - 1  # refilled: exact

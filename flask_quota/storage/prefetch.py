@@ -71,6 +71,9 @@ _SHAPES = 1024  # augmented request shapes kept (the storage caches encodings by
 _BLOCK, _TOKEN_BUCKET, _FIXED_WINDOW = Gate.BLOCK, Algorithm.TOKEN_BUCKET, Algorithm.FIXED_WINDOW
 
 
+_NONE_FRESH: dict[str, float] = {}  # ``_keep`` with no bucket new (read, never written)
+
+
 def share_size(fraction: float, rate: Rate, algorithm: Algorithm) -> int:
     """The largest share of a bucket under ``rate``: ``fraction`` of it, at least 1."""
     size = rate.capacity if algorithm is Algorithm.TOKEN_BUCKET else rate.limit
@@ -158,7 +161,7 @@ class Prefetch(Layer):
         with self._lock:  # one acquire: spent from shares, or what to ask the storage
             local = self._spend(checks, keys, now)
             if local is None:
-                extra, guards, refunds = self._asks(checks, keys, now)
+                extra, guards, refunds, fresh = self._asks(checks, keys, now)
             else:
                 self.local += 1
         if local is not None:
@@ -168,21 +171,21 @@ class Prefetch(Layer):
         for unspent, charged_at_us in refunds:
             self._give_back(unspent, charged_at_us)
         if extra is None:
-            return self._exact(checks, keys, now)
+            return self._exact(checks, keys, now, fresh)
         assert guards is not None  # made with ``extra``
         asked = self._shape(
             checks, [c.cost + x + g for c, x, g in zip(checks, extra, guards, strict=True)]
         )
         reply = flat_decide(self.storage, asked, keys)
         if reply.all_allowed:
-            self._keep(checks, keys, reply, extra, now)
+            self._keep(checks, keys, reply, extra, now, fresh or _NONE_FRESH)
             return reply
         with self._lock:  # a share did not fit: ask less next time, and decide as asked
             for check, key, x in zip(checks, keys, extra, strict=True):
                 known = self._shares.get(key)
                 if x and known is not None and known.rate == check.rate:
                     known.size //= 2
-        return self._exact(checks, keys, now)
+        return self._exact(checks, keys, now, fresh or _NONE_FRESH)
 
     def _give_back(self, unspent: Check, charged_at_us: int) -> None:
         """Refund an expired window share's unspent units; one that fails is lost."""
@@ -191,10 +194,18 @@ class Prefetch(Layer):
         except Exception:  # the request is what matters; the units are under-admission
             log.debug("flask-quota: an unspent share could not be given back", exc_info=True)
 
-    def _exact(self, checks: Sequence[Check], keys: Sequence[str], sent: float) -> Reply:
-        """The request decided in storage as asked; its answers update what is known."""
+    def _exact(
+        self,
+        checks: Sequence[Check],
+        keys: Sequence[str],
+        sent: float,
+        fresh: dict[str, float] | None,
+    ) -> Reply:
+        """The request decided in storage as asked; its answers update what is known
+        (``fresh``: as ``_asks`` says; None: nothing to update, a cold caller's case)."""
         reply = flat_decide(self.storage, checks, keys)
-        self._keep(checks, keys, reply, None, sent)
+        if fresh is not None:
+            self._keep(checks, keys, reply, None, sent, fresh)
         return reply
 
     def _spend(self, checks: Sequence[Check], keys: Sequence[str], now: float) -> Reply | None:
@@ -242,7 +253,9 @@ class Prefetch(Layer):
 
     def _asks(
         self, checks: Sequence[Check], keys: Sequence[str], now: float
-    ) -> tuple[list[int] | None, list[int] | None, list[tuple[Check, int]]]:
+    ) -> tuple[
+        list[int] | None, list[int] | None, list[tuple[Check, int]], dict[str, float] | None
+    ]:
         """Per check, the share to take with this request and the guard to burn with it
         (both None when no check takes one: a cold caller's usual request). None for
         gates, for buckets whose share still covers the cost, for a bucket seen here
@@ -250,17 +263,37 @@ class Prefetch(Layer):
         Also the unspent units of expired window shares, to give back (their charge
         time with each): a window's count may shrink by what was never spent. (A
         token bucket's may not: refilled meanwhile, it could then hold more than its
-        capacity alongside other workers' shares.)"""
+        capacity alongside other workers' shares.) Last, ``_keep``'s ``fresh``: the
+        buckets asked for the second time within the horizon (when first asked), or
+        None when the storage's answer teaches nothing (every bucket new here).
+
+        A bucket is known from its second request within the horizon on: its first
+        costs one entry in ``_seen``, made here, so a cold caller's answer is not read."""
         extra: list[int] | None = None
         guards: list[int] | None = None
         refunds: list[tuple[Check, int]] = []
-        shares = self._shares
+        learn = False  # some bucket or gate is known here: its answer is kept
+        fresh: dict[str, float] | None = None
+        shares, seen, horizon = self._shares, self._seen, self.horizon
         for i, (check, key) in enumerate(zip(checks, keys, strict=True)):
             if check.algorithm is _BLOCK:
+                learn = learn or key in self._gates  # trusted open: kept open by the answer
                 continue
             known = shares.get(key)
             if known is None or (known.rate is not check.rate and known.rate != check.rate):
-                continue  # first sight (or a new rate): decided exactly, and then known
+                # First sight (or a new rate): decided exactly; the second within the
+                # horizon makes it known, from its answer.
+                first = seen.pop(key, None)
+                if first is not None and now - first <= horizon:
+                    if fresh is None:
+                        fresh = {}
+                    fresh[key] = first
+                else:
+                    if len(seen) >= self._max_keys:
+                        seen.clear()
+                    seen[key] = now
+                continue
+            learn = True
             _tick(known, now)
             if known.deadline > now and known.left >= check.cost:
                 continue
@@ -284,7 +317,7 @@ class Prefetch(Layer):
             extra[i] = size
             if check.algorithm is _TOKEN_BUCKET:
                 guards[i] = _guard(check, known, size, gap, self._max(check), now)
-        return extra, guards, refunds
+        return extra, guards, refunds, fresh if fresh is not None or not learn else _NONE_FRESH
 
     def _keep(
         self,
@@ -293,12 +326,13 @@ class Prefetch(Layer):
         reply: Reply,
         extra: Sequence[int] | None,
         sent: float,
+        fresh: dict[str, float],
     ) -> None:
         """Keep the shares an allowed call took (``extra``: None when it asked for none),
         and the block gates it read open; the reply then counts each share as the
         caller's (approximate headers). A denied call takes nothing: it only tells the
-        buckets' room (the next shares' bound). Every request that asks the storage
-        runs this, a cold caller's too, so its loop reads the reply by index."""
+        buckets' room (the next shares' bound). A bucket in ``fresh`` (asked for the
+        second time within the horizon: ``_asks``) becomes known here."""
         now_us, allowed = reply.now_us, reply.all_allowed
         took = allowed and extra is not None
         got = self._clock()
@@ -307,7 +341,7 @@ class Prefetch(Layer):
                 return  # asked before a reset or plan change: what it took is dropped
             if len(self._shares) >= self._max_keys or len(self._gates) >= self._max_keys:
                 self._prune(sent)
-            forgot, shares, seen, horizon = self._forgot, self._shares, self._seen, self.horizon
+            forgot, shares, horizon = self._forgot, self._shares, self.horizon
             j = -2  # a check's answer in the reply: allowed, remaining, reset, retry from j
             for i, (check, key) in enumerate(zip(checks, keys, strict=True)):
                 j += 4
@@ -321,13 +355,8 @@ class Prefetch(Layer):
                 remaining, reset_us = reply[j + 1], reply[j + 2]
                 known = shares.get(key)
                 if known is None or (known.rate is not check.rate and known.rate != check.rate):
-                    # A bucket is known from its second request within the horizon on:
-                    # the first costs one dict entry, so cold callers stay cheap.
-                    first = seen.pop(key, None)
-                    if first is None or sent - first > horizon:
-                        if len(seen) >= self._max_keys:
-                            seen.clear()
-                        seen[key] = sent
+                    first = fresh.get(key)
+                    if first is None:  # its first request (``_asks`` noted it): not yet
                         continue
                     known = shares[key] = _Share(
                         check.rate, 0, 0, sent, remaining, reset_us, now_us, now_us, sent,
