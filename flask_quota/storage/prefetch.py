@@ -317,7 +317,9 @@ class Prefetch(Layer):
             extra[i] = size
             if check.algorithm is _TOKEN_BUCKET:
                 guards[i] = _guard(check, known, size, gap, self._max(check), now)
-        return extra, guards, refunds, fresh if fresh is not None or not learn else _NONE_FRESH
+        if fresh is None and learn:
+            fresh = _NONE_FRESH  # an answer to keep, though no bucket becomes known
+        return extra, guards, refunds, fresh
 
     def _keep(
         self,
