@@ -46,6 +46,7 @@ hook is ``gunicorn_child_exit``. Without it, each process counts alone.
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -61,6 +62,8 @@ from prometheus_client import (
     multiprocess,
     values,
 )
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from .core.enforcer import FAIL_CLOSED, FAIL_OPEN
 from .core.policy import Decision, TierCheck, TierResult
@@ -156,7 +159,7 @@ class QuotaMetrics:
         self._exposed = self.registry
         if self.directory is not None:
             self._exposed = CollectorRegistry()
-            multiprocess.MultiProcessCollector(self._exposed, path=self.directory)  # type: ignore[no-untyped-call]
+            self._exposed.register(_Workers(self.directory))
 
     # -- counting ----------------------------------------------------------------
 
@@ -234,6 +237,34 @@ class QuotaMetrics:
     def view(self) -> Response:
         """The ``QUOTA_METRICS_URL`` view."""
         return Response(self.exposition(), content_type=CONTENT_TYPE_LATEST)
+
+
+class _Workers(Collector):
+    """prometheus_client's multiprocess collector, but for the files a booting worker
+    has created and not yet sized: read while empty, one failed the whole scrape (a
+    500 from ``/metrics`` whenever gunicorn replaced a worker). They are skipped; the
+    worker's counts show from the next scrape on."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            return self._merged()
+        except FileNotFoundError:  # a dead worker's live gauge, removed since listed
+            return self._merged()
+
+    def _merged(self) -> Iterable[Metric]:
+        files = [f for f in glob.glob(os.path.join(self.directory, "*.db")) if _sized(f)]
+        merged: Iterable[Metric] = multiprocess.MultiProcessCollector.merge(files)  # type: ignore[no-untyped-call]
+        return merged
+
+
+def _sized(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:  # removed since it was listed
+        return False
 
 
 def _checked_directory() -> str | None:

@@ -145,6 +145,36 @@ def test_multiproc_dir_must_be_a_writable_directory(tmp_path: Path) -> None:
     assert "is not a writable directory; create an empty one" in result.stderr
 
 
+SCRAPE = """
+import sys
+from flask import Flask
+from flask_quota import Quota
+app = Flask("x", instance_path={instance!r})
+app.config.update(QUOTA_METRICS_URL="/metrics")
+Quota(app)
+response = app.test_client().get("/metrics")
+print(response.status_code)
+print(response.get_data(as_text=True))
+"""
+
+
+def test_a_scrape_while_a_worker_boots_still_answers(tmp_path: Path) -> None:
+    """A worker that gunicorn is booting creates its files in the multiprocess directory
+    empty, and sizes them a moment later: a scrape in between read the empty file,
+    failed, and answered 500 (seen under gunicorn when a killed worker was replaced).
+    The file is skipped instead; what the other workers counted is still exposed."""
+    shared = tmp_path / "prometheus"
+    shared.mkdir()
+    (shared / "counter_999999.db").touch()  # a booting worker's, not sized yet
+    (shared / "gauge_livemax_999999.db").touch()
+    code = SCRAPE.format(instance=str(tmp_path))
+    result = run_python(code, PROMETHEUS_MULTIPROC_DIR=str(shared))
+    assert result.returncode == 0, result.stderr
+    status, _, body = result.stdout.partition("\n")
+    assert status == "200", result.stdout + result.stderr
+    assert "flask_quota_breaker_open" in body
+
+
 def test_each_tier_counts_once_per_request(app: Flask, clock: FrozenClock) -> None:
     """An admitted request counts `allowed` once per tier; a denied one counts `denied`
     on the denying tier only. Labels are the tier, the policy name and the plan."""
