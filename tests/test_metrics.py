@@ -146,7 +146,6 @@ def test_multiproc_dir_must_be_a_writable_directory(tmp_path: Path) -> None:
 
 
 SCRAPE = """
-import sys
 from flask import Flask
 from flask_quota import Quota
 app = Flask("x", instance_path={instance!r})
