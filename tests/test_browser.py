@@ -105,6 +105,9 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
 def _context(browser: Browser, width: int = 1280, height: int = 900, **kw: Any) -> BrowserContext:
     context = browser.new_context(viewport={"width": width, "height": height}, **kw)
     context.set_default_timeout(5000)
+    # Loading a page is the server's work, slower on a loaded machine (CI runs four test
+    # processes on two cores: a 5 s load timed out once); waits for an element keep 5 s.
+    context.set_default_navigation_timeout(20_000)
     # The pages link their own icon; a stray /favicon.ico request would be API traffic
     # (an anonymous 404): keep it out of the counters the tests read, if one is made.
     context.route("**/favicon.ico", lambda route: route.abort())
