@@ -24,7 +24,14 @@ from flask_quota.storage.denycache import DenyCache
 from flask_quota.storage.failover import GuardedStorage
 from flask_quota.storage.redis import RedisStorage
 from flask_quota.storage.redis_usage import RedisUsageSink
-from flask_quota.storage.usage import HOUR, REQUESTS, TOP_KEPT, MemoryUsageSink, UsageSink
+from flask_quota.storage.usage import (
+    HOUR,
+    REQUESTS,
+    TOP_KEPT,
+    US_PER_MINUTE,
+    MemoryUsageSink,
+    UsageSink,
+)
 from flask_quota.testing import FrozenClock
 from flask_quota.tools.usage import UsageRecorder, usage_sink
 from tests.servers import RedisServer
@@ -141,7 +148,8 @@ def test_a_storage_without_a_sink_keeps_usage_in_process() -> None:
 def test_an_unreachable_cluster_costs_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
     """The cluster sink connects on its first flush, not at start-up; failing, it logs."""
     cluster = ClusterStorage.from_url("redis+cluster://127.0.0.1:1", timeout=0.1)
-    recorder = UsageRecorder(usage_sink(cluster, "quota"), interval=3600)
+    recorder = UsageRecorder(usage_sink(cluster, "quota"))
+    recorder._start = lambda: None  # type: ignore[method-assign]  # the test's flush fails
     recorder.record("id=a", "free", [("user", True)])
     recorder.flush()
     assert "usage flush failed" in caplog.text
@@ -174,6 +182,30 @@ def test_failing_sink_does_not_raise() -> None:
     recorder.record("id=a", "free", [("user", True)])
     recorder.flush()
     assert recorder._pending == {}
+
+
+def _requests(sink: UsageSink) -> int:
+    minute = sink.clock() // US_PER_MINUTE
+    return sum(sum(m.requests.values()) for m in sink.minutes(2, minute))
+
+
+def test_counts_after_a_quiet_spell_flush_at_once_then_at_most_once_an_interval() -> None:
+    """The dashboard is live: the first count after nothing was flushed for an interval
+    goes out at once, not after the flusher's next sleep; busy traffic still costs one
+    flush per interval."""
+    sink = MemoryUsageSink()
+    recorder = UsageRecorder(sink, interval=3600)  # the old cadence would wait an hour
+    recorder.record("id=a", "free", [("user", True)])
+    deadline = time.monotonic() + 5
+    while _requests(sink) == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _requests(sink) == 1, "the first count after a quiet spell waited for a later flush"
+    recorder.record("id=b", "free", [("user", True)])  # within the interval: it waits
+    time.sleep(0.5)
+    assert _requests(sink) == 1
+    assert len(recorder._pending) == 2  # its tier and its request, held for the next flush
+    recorder.flush()  # an explicit flush (the test's, or a shutdown's) still sends it
+    assert _requests(sink) == 2
 
 
 def dashboard_app(tmp_path: Path, storage: Any, **config: Any) -> Flask:
@@ -212,8 +244,9 @@ def test_recording_adds_no_round_trip(tmp_path: Path, redis_server: RedisServer)
     """On Redis, a request still costs one round trip; usage goes out in the flush."""
     client = counting_client(redis_server)
     app = dashboard_app(tmp_path, RedisStorage(client), QUOTA_DASHBOARD_URL="/quota")
-    # The background flush goes through the same counting pool: keep it out of the count.
-    app.extensions["quota"].usage.interval = 3600
+    # The background flush goes through the same counting pool: keep it out of the count
+    # (the first count would wake it at once).
+    app.extensions["quota"].usage._start = lambda: None
     http = app.test_client()
     http.get("/items")
     for _ in range(2):

@@ -138,7 +138,7 @@
       .finally(function () { busy = false; });
   }
 
-  // Usage is flushed about once a second; polling as often keeps a request's
-  // appearance on this page within ~2 s (flush + poll), under the 3 s promised.
+  // Usage is flushed at once after a quiet second, and at most once a second under
+  // traffic; polling as often shows a request here within ~1-2 s (under the 3 s promised).
   window.setInterval(refresh, 1000);
 })();

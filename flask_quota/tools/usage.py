@@ -3,12 +3,14 @@
 Nothing here touches the request's storage round trip: ``UsageRecorder.record``
 only bumps in-process counters; a background thread flushes them to a sink
 (``storage/usage.py``) about once a second (on Redis, one script call per minute
-and 500 callers in the flush).
+and 500 callers in the flush). The first count after a quiet interval is flushed at
+once, so the dashboard shows a request within its poll, not a poll plus a flush.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -60,6 +62,9 @@ class UsageRecorder:
         self._plans: dict[str, str] = {}
         self._dropped = 0
         self._thread_pid: int | None = None
+        self._wake = threading.Event()  # set by the first count into an empty batch
+        self._flushing = threading.Lock()  # the sink gets batches one at a time, in order
+        self._sent = -math.inf  # time.monotonic() of the last flush that carried counts
 
     def record(self, identity: str, plan: str, outcomes: Iterable[tuple[str, Mark]]) -> None:
         """Count one request: ``outcomes`` is (tier name, mark) per applied tier; the
@@ -69,6 +74,7 @@ class UsageRecorder:
             if len(self._pending) >= self.max_pending:
                 self._dropped += 1  # the sink is unreachable or slow; drop, never grow
                 return
+            wake = not self._pending
             admitted = True
             for tier, mark in outcomes:
                 key = (minute, identity, tier, mark)
@@ -77,19 +83,26 @@ class UsageRecorder:
             key = (minute, identity, REQUESTS, admitted)
             self._pending[key] = self._pending.get(key, 0) + 1
             self._plans[identity] = plan
+        if wake:  # at most once a flush: the rest of a busy interval skips this
+            self._wake.set()
         if self._thread_pid != os.getpid():
             self._start()
 
     def flush(self) -> None:
         """Hand the pending counts to the sink (also when there are none: it may age out)."""
-        with self._lock:
-            batch, plans, self._pending, self._plans = self._pending, self._plans, {}, {}
-            dropped, self._dropped = self._dropped, 0
-        try:
-            self.sink.add(batch, plans)
-        except Exception as exc:  # the dashboard's data may lag; requests must not care
-            if batch:  # an empty flush lost nothing: no log line every second while down
-                log.warning("flask-quota: usage flush failed (%s); %d counts lost", exc, len(batch))
+        with self._flushing:
+            with self._lock:
+                batch, plans, self._pending, self._plans = self._pending, self._plans, {}, {}
+                dropped, self._dropped = self._dropped, 0
+            if batch:
+                self._sent = time.monotonic()
+            try:
+                self.sink.add(batch, plans)
+            except Exception as exc:  # the dashboard's data may lag; requests must not care
+                if batch:  # an empty flush lost nothing: no log line every second while down
+                    log.warning(
+                        "flask-quota: usage flush failed (%s); %d counts lost", exc, len(batch)
+                    )
         if dropped:  # the sink was too slow for the traffic: the dashboard undercounts
             log.warning(
                 "flask-quota: %d requests not recorded for the dashboard: more than %d counts "
@@ -107,6 +120,13 @@ class UsageRecorder:
         threading.Thread(target=self._run, name="flask-quota-usage", daemon=True).start()
 
     def _run(self) -> None:
+        # Counts go out at most once an interval, and at once when the last counts
+        # went out longer ago than that; an empty flush (aging only) still comes
+        # every interval.
         while True:
-            time.sleep(self.interval)
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            wait = self._sent + self.interval - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
             self.flush()
