@@ -83,10 +83,10 @@ class UsageRecorder:
             key = (minute, identity, REQUESTS, admitted)
             self._pending[key] = self._pending.get(key, 0) + 1
             self._plans[identity] = plan
-        if wake:  # at most once a flush: the rest of a busy interval skips this
-            self._wake.set()
         if self._thread_pid != os.getpid():
             self._start()
+        elif wake:  # at most once a flush: the rest of a busy interval skips this
+            self._wake.set()
 
     def flush(self) -> None:
         """Hand the pending counts to the sink (also when there are none: it may age out)."""
@@ -117,6 +117,10 @@ class UsageRecorder:
             if self._thread_pid == os.getpid():
                 return
             self._thread_pid = os.getpid()
+            # A fork copies the parent flusher's event and lock in whatever state that
+            # thread held them: this process's flusher gets its own.
+            self._wake, self._flushing = threading.Event(), threading.Lock()
+            self._wake.set()  # the count that started it is pending
         threading.Thread(target=self._run, name="flask-quota-usage", daemon=True).start()
 
     def _run(self) -> None:
