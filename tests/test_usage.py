@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import time
 import tracemalloc
 from collections import Counter
@@ -206,6 +208,49 @@ def test_counts_after_a_quiet_spell_flush_at_once_then_at_most_once_an_interval(
     assert len(recorder._pending) == 2  # its tier and its request, held for the next flush
     recorder.flush()  # an explicit flush (the test's, or a shutdown's) still sends it
     assert _requests(sink) == 2
+
+
+# Run in a fresh interpreter: the fork must not copy pytest's own threads.
+_FORKED_WORKER = """
+import os, sys, threading, time
+from flask_quota.storage.usage import MemoryUsageSink
+from flask_quota.tools.usage import UsageRecorder
+
+parent, busy, child_got = os.getpid(), threading.Event(), threading.Event()
+
+class Sink(MemoryUsageSink):
+    def add(self, batch, plans):
+        if os.getpid() == parent:
+            busy.set()
+            time.sleep(60)  # the parent's flusher holds its flush lock across the fork
+        elif batch:
+            child_got.set()
+        super().add(batch, plans)
+
+recorder = UsageRecorder(Sink(), interval=0.05)
+recorder.record("id=parent", "free", [("user", True)])
+if not busy.wait(5):
+    sys.exit(3)
+pid = os.fork()
+if pid == 0:  # a gunicorn worker forked from a master that recorded
+    recorder.record("id=child", "free", [("user", True)])
+    os._exit(0 if child_got.wait(5) else 1)
+os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_a_forked_process_flushes_though_the_parent_was_mid_flush() -> None:
+    """A fork copies the parent flusher's lock as that thread held it: the child's
+    flusher gets its own, so the child's counts still reach the dashboard."""
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", "-c", _FORKED_WORKER],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 3, f"the parent's flush never started: {done.stderr}"
+    assert done.returncode == 0, f"the child's counts never reached its sink: {done.stderr}"
 
 
 def dashboard_app(tmp_path: Path, storage: Any, **config: Any) -> Flask:
