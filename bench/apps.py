@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flask import Flask, request
+from flask import Flask, Response, request
 
 ALLOW = "1000000/hour"
 DENY = "1/hour"
@@ -186,6 +187,54 @@ def limiter_app(
     return app
 
 
+def standard_headers() -> list[tuple[str, str]]:
+    """The rate-limit headers flask-quota sends on an allowed ``GET /res`` of
+    ``quota_app`` (SPEC section 4, ``QUOTA_HEADERS=both``): six, taken from one real
+    response, so their names and lengths are ours."""
+    response = quota_app("memory://").test_client().get(PATH, headers={USER_HEADER: "u1"})
+    return [(k, v) for k, v in response.headers.items() if k not in _OWN_HEADERS]
+
+
+_OWN_HEADERS = {"Content-Type", "Content-Length"}  # what the bare app sends too
+
+
+def bound_app(headers: list[tuple[str, str]] | None = None, ping_url: str | None = None) -> Flask:
+    """The bare app plus what every limiter that speaks SPEC's headers and asks storage
+    once per request must do, and nothing else (``bench.bounds``): ``headers`` added to
+    every response by an after-request hook; with ``ping_url``, one Redis round trip at
+    its cheapest before each request, a ``PING`` written on a raw socket each process
+    keeps open (no client library, no script, no keys)."""
+    app = bare_app()
+    if ping_url is not None:
+        host, port = ping_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+        held: dict[int, socket.socket] = {}  # pid -> its socket: a forked worker opens its own
+
+        @app.before_request
+        def ping() -> None:
+            sock = held.get(os.getpid())
+            if sock is None:
+                sock = held[os.getpid()] = socket.create_connection((host, int(port)))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+            got = b""
+            while len(got) < len(b"+PONG\r\n"):
+                chunk = sock.recv(64)
+                if not chunk:
+                    raise ConnectionError("redis-server closed the connection")
+                got += chunk
+
+    if headers is not None:
+
+        @app.after_request
+        def add(response: Response) -> Response:
+            # As flask-quota's own after hook adds them: straight onto Werkzeug's pair
+            # list, which skips ``Headers.add``'s check of each value for line breaks.
+            response.headers._list.extend(headers)  # type: ignore[attr-defined]
+            return response
+
+    return app
+
+
 def gunicorn_app() -> Flask:
     """Factory for ``gunicorn 'bench.apps:gunicorn_app()'``, configured by BENCH_* variables."""
     kind = os.environ["BENCH_APP"]
@@ -199,6 +248,12 @@ def gunicorn_app() -> Flask:
             url,
             os.environ.get("BENCH_ALGORITHM", "token_bucket"),
             prefetch=float(prefetch) if prefetch else None,
+            headers=os.environ.get("BENCH_QUOTA_HEADERS", "both"),
+        )
+    if kind in ("headers", "ping", "ping-headers"):  # bench.bounds
+        return bound_app(
+            standard_headers() if kind != "ping" else None,
+            url if kind != "headers" else None,
         )
     if kind == "floor":
         from .compare import floor_server_app  # compare imports this module
@@ -210,4 +265,6 @@ def gunicorn_app() -> Flask:
             os.environ.get("BENCH_STRATEGY", "fixed-window"),
             headers=os.environ.get("BENCH_HEADERS") == "1",
         )
-    raise ValueError(f"BENCH_APP={kind!r}: use bare, floor, quota or limiter")
+    raise ValueError(
+        f"BENCH_APP={kind!r}: use bare, floor, quota, limiter, headers, ping or ping-headers"
+    )
