@@ -200,7 +200,6 @@ def main(argv: list[str] | None = None) -> int:
         bare = cases[0]
         client = {c.key: added(c, bare) for c in cases}
         quartiles = {c.key: spread(c, bare) for c in cases}
-        del cases  # their apps' pollers stop mattering before gunicorn starts
         servers, generator = measure_throughput(url, g_rounds, seconds, servers=SERVERS)
     text = report(host, client, quartiles, servers, generator, (c_rounds, batch, g_rounds, seconds))
     text += f"\nRun took {time.monotonic() - started:.0f} s.\n"
