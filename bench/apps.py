@@ -26,6 +26,7 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from flask import Flask, Response, request
 
@@ -206,14 +207,15 @@ def bound_app(headers: list[tuple[str, str]] | None = None, ping_url: str | None
     keeps open (no client library, no script, no keys)."""
     app = bare_app()
     if ping_url is not None:
-        host, port = ping_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+        url = urlsplit(ping_url)
+        address = (url.hostname or "127.0.0.1", url.port or 6379)
         held: dict[int, socket.socket] = {}  # pid -> its socket: a forked worker opens its own
 
         @app.before_request
         def ping() -> None:
             sock = held.get(os.getpid())
             if sock is None:
-                sock = held[os.getpid()] = socket.create_connection((host, int(port)))
+                sock = held[os.getpid()] = socket.create_connection(address)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.sendall(b"*1\r\n$4\r\nPING\r\n")
             got = b""
@@ -224,15 +226,20 @@ def bound_app(headers: list[tuple[str, str]] | None = None, ping_url: str | None
                 got += chunk
 
     if headers is not None:
-
-        @app.after_request
-        def add(response: Response) -> Response:
-            # As flask-quota's own after hook adds them: straight onto Werkzeug's pair
-            # list, which skips ``Headers.add``'s check of each value for line breaks.
-            response.headers._list.extend(headers)  # type: ignore[attr-defined]
-            return response
-
+        app.after_request(header_hook(headers))
     return app
+
+
+def header_hook(headers: list[tuple[str, str]]) -> Callable[[Response], Response]:
+    """An after-request hook adding ``headers`` to every response, as flask-quota's own
+    after hook adds its headers: straight onto Werkzeug's pair list, which skips
+    ``Headers.add``'s check of each value for line breaks."""
+
+    def add(response: Response) -> Response:
+        response.headers._list.extend(headers)  # type: ignore[attr-defined]
+        return response
+
+    return add
 
 
 def gunicorn_app() -> Flask:

@@ -33,10 +33,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from flask import Flask
+from flask import Flask, Response
 
-from .apps import bare_app, bound_app, limiter_app, quota_app, standard_headers
-from .compare import ClientDriver, floor_app
+from .apps import bare_app, bound_app, header_hook, limiter_app, quota_app, standard_headers
+from .compare import client_cases, floor_app
 from .driver import caller_sequence
 from .env import WORKDIR, machine, redis_server
 from .throughput import Throughput
@@ -78,29 +78,23 @@ SERVER_LABELS = {
 }
 
 
-def client_cases(redis_url: str) -> list[Case]:
+def cases(redis_url: str) -> list[Case]:
     callers = caller_sequence(1000, 1000)
     six = standard_headers()
     apps: dict[str, Callable[[], Flask]] = {
         "bare": bare_app,
         "headers": lambda: bound_app(six),
         "floor": lambda: floor_app(redis_url, callers),
-        "floor+headers": lambda: _with_headers(floor_app(redis_url, callers), six),
+        "floor+headers": lambda: _with(floor_app(redis_url, callers), header_hook(six)),
         "q/redis": lambda: quota_app(redis_url),
         "q/mem": lambda: quota_app("memory://"),
         "fl/redis/h1": lambda: limiter_app(redis_url, headers=True),
         "fl/mem/h0": lambda: limiter_app("memory://"),
     }
-    cases = []
-    for key, make in apps.items():
-        driver = ClientDriver(make(), callers)
-        cases.append(Case(key, driver, driver.expect_ok))
-    return cases
+    return client_cases(apps, callers)
 
 
-def _with_headers(app: Flask, headers: list[tuple[str, str]]) -> Flask:
-    """``app`` with ``bound_app``'s header hook."""
-    hook = bound_app(headers).after_request_funcs[None][0]
+def _with(app: Flask, hook: Callable[[Response], Response]) -> Flask:
     app.after_request(hook)
     return app
 
@@ -195,11 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     c_rounds, batch, g_rounds, seconds = (20, 20, 1, 2.0) if ns.quick else (200, 100, 5, 5.0)
     started, host = time.monotonic(), machine()  # the date and load at the start
     with redis_server() as url:
-        cases = client_cases(url)
-        run(cases, c_rounds, batch)
-        bare = cases[0]
-        client = {c.key: added(c, bare) for c in cases}
-        quartiles = {c.key: spread(c, bare) for c in cases}
+        measured = cases(url)
+        run(measured, c_rounds, batch)
+        bare = measured[0]
+        client = {c.key: added(c, bare) for c in measured}
+        quartiles = {c.key: spread(c, bare) for c in measured}
         servers, generator = measure_throughput(url, g_rounds, seconds, servers=SERVERS)
     text = report(host, client, quartiles, servers, generator, (c_rounds, batch, g_rounds, seconds))
     text += f"\nRun took {time.monotonic() - started:.0f} s.\n"

@@ -166,6 +166,13 @@ def build_cases(redis_url: str, callers: Sequence[tuple[str, str]]) -> list[Case
         "fl/mem/h0": lambda: limiter_app("memory://"),
         "fl/mem/h1": lambda: limiter_app("memory://", headers=True),
     }
+    return client_cases(apps, callers)
+
+
+def client_cases(
+    apps: dict[str, Callable[[], Flask]], callers: Sequence[tuple[str, str]]
+) -> list[Case]:
+    """A ``Case`` per app (made now), each sent ``GET /res`` through its test client."""
     cases = []
     for key, make in apps.items():
         driver = ClientDriver(make(), callers)
