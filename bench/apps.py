@@ -199,35 +199,75 @@ def standard_headers() -> list[tuple[str, str]]:
 _OWN_HEADERS = {"Content-Type", "Content-Length"}  # what the bare app sends too
 
 
-def bound_app(headers: list[tuple[str, str]] | None = None, ping_url: str | None = None) -> Flask:
+def bound_app(
+    headers: list[tuple[str, str]] | None = None,
+    redis_url: str | None = None,
+    *,
+    script: bool = False,
+) -> Flask:
     """The bare app plus what every limiter that speaks SPEC's headers and asks storage
     once per request must do, and nothing else (``bench.bounds``): ``headers`` added to
-    every response by an after-request hook; with ``ping_url``, one Redis round trip at
-    its cheapest before each request, a ``PING`` written on a raw socket each process
-    keeps open (no client library, no script, no keys)."""
+    every response by an after-request hook; with ``redis_url``, one Redis round trip
+    before each request on a raw socket each process keeps open (no client library).
+    That round trip is a ``PING`` (no script, no key), or with ``script`` the floor's
+    ``EVALSHA`` (``compare.FLOOR_SCRIPT``: a ``GET`` and a ``SET PX`` on the caller's
+    three keys, built from the request as flask-quota builds them), packed by hand."""
     app = bare_app()
-    if ping_url is not None:
-        url = urlsplit(ping_url)
+    if redis_url is not None:
+        url = urlsplit(redis_url)
         address = (url.hostname or "127.0.0.1", url.port or 6379)
         held: dict[int, socket.socket] = {}  # pid -> its socket: a forked worker opens its own
+        command, answer = _floor_command(redis_url) if script else _ping, _REPLY[script]
 
         @app.before_request
-        def ping() -> None:
+        def round_trip() -> None:
             sock = held.get(os.getpid())
             if sock is None:
                 sock = held[os.getpid()] = socket.create_connection(address)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+            sock.sendall(command())
             got = b""
-            while len(got) < len(b"+PONG\r\n"):
+            while len(got) < len(answer):
                 chunk = sock.recv(64)
                 if not chunk:
                     raise ConnectionError("redis-server closed the connection")
                 got += chunk
+            if got != answer:
+                raise ConnectionError(f"redis-server answered {got!r}")
 
     if headers is not None:
         app.after_request(header_hook(headers))
     return app
+
+
+_REPLY = {False: b"+PONG\r\n", True: b":1\r\n"}  # PING's answer, the floor script's
+
+
+def _ping() -> bytes:
+    return b"*1\r\n$4\r\nPING\r\n"
+
+
+def _floor_command(redis_url: str) -> Callable[[], bytes]:
+    """A function packing, for the request being served, the floor's ``EVALSHA`` on its
+    caller's three keys (``X-User`` and the address), in RESP."""
+    import redis
+
+    from .compare import FLOOR_SCRIPT, floor_keys  # compare imports this module
+
+    sha = redis.Redis.from_url(redis_url).script_load(FLOOR_SCRIPT).encode()
+    head = b"*8\r\n$7\r\nEVALSHA\r\n$%d\r\n%b\r\n$1\r\n3\r\n" % (len(sha), sha)
+    tail = b"$16\r\n1764480000000000\r\n$7\r\n3600000\r\n"
+
+    def command() -> bytes:
+        ip, user = request.remote_addr or "", request.headers.get(USER_HEADER, "")
+        parts = [head]
+        for key in floor_keys("floor", ip, user):
+            encoded = key.encode()
+            parts.append(b"$%d\r\n%b\r\n" % (len(encoded), encoded))
+        parts.append(tail)
+        return b"".join(parts)
+
+    return command
 
 
 def header_hook(headers: list[tuple[str, str]]) -> Callable[[Response], Response]:
@@ -257,10 +297,11 @@ def gunicorn_app() -> Flask:
             prefetch=float(prefetch) if prefetch else None,
             headers=os.environ.get("BENCH_QUOTA_HEADERS", "both"),
         )
-    if kind in ("headers", "ping", "ping-headers"):  # bench.bounds
+    if kind in ("headers", "ping", "ping-headers", "raw-floor-headers"):  # bench.bounds
         return bound_app(
             standard_headers() if kind != "ping" else None,
             url if kind != "headers" else None,
+            script=kind == "raw-floor-headers",
         )
     if kind == "floor":
         from .compare import floor_server_app  # compare imports this module
@@ -273,5 +314,6 @@ def gunicorn_app() -> Flask:
             headers=os.environ.get("BENCH_HEADERS") == "1",
         )
     raise ValueError(
-        f"BENCH_APP={kind!r}: use bare, floor, quota, limiter, headers, ping or ping-headers"
+        f"BENCH_APP={kind!r}: use bare, floor, quota, limiter, headers, ping, ping-headers "
+        "or raw-floor-headers"
     )
