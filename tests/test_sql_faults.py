@@ -249,6 +249,10 @@ def test_a_postgresql_database_going_away_mid_traffic(
         outage_scenario(app, key, caplog, proxy.kill)
         proxy.revive()
         wait_for(lambda: logged(caplog, "answers again") > 0, 20, "the recovery is logged")
+        # The supervisor logs "current again" at its first look after a reload lands,
+        # which may be the look after "answers again", or come after health() (it reads
+        # the snapshot's age itself) already says current: wait for it, then count it.
+        wait_for(lambda: logged(caplog, "current again") > 0, 20, "the fresh snapshot is logged")
         assert not sql_store(app).health().stale
         assert logged(caplog, "current again") == 1, caplog.text
     finally:
