@@ -243,8 +243,13 @@ def bound_app(
 _REPLY = {False: b"+PONG\r\n", True: b":1\r\n"}  # PING's answer, the floor script's
 
 
+def _bulk(value: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%b\r\n" % (len(value), value)
+
+
 def _ping() -> bytes:
-    return b"*1\r\n$4\r\nPING\r\n"
+    return b"*1\r\n" + _bulk(b"PING")
 
 
 def _floor_command(redis_url: str) -> Callable[[], bytes]:
@@ -252,20 +257,16 @@ def _floor_command(redis_url: str) -> Callable[[], bytes]:
     caller's three keys (``X-User`` and the address), in RESP."""
     import redis
 
-    from .compare import FLOOR_SCRIPT, floor_keys  # compare imports this module
+    from .compare import FLOOR_ARGS, FLOOR_SCRIPT, floor_keys  # compare imports this module
 
     sha = redis.Redis.from_url(redis_url).script_load(FLOOR_SCRIPT).encode()
-    head = b"*8\r\n$7\r\nEVALSHA\r\n$%d\r\n%b\r\n$1\r\n3\r\n" % (len(sha), sha)
-    tail = b"$16\r\n1764480000000000\r\n$7\r\n3600000\r\n"
+    head = b"*8\r\n" + _bulk(b"EVALSHA") + _bulk(sha) + _bulk(b"3")
+    tail = b"".join(_bulk(str(arg).encode()) for arg in FLOOR_ARGS)
 
     def command() -> bytes:
         ip, user = request.remote_addr or "", request.headers.get(USER_HEADER, "")
-        parts = [head]
-        for key in floor_keys("floor", ip, user):
-            encoded = key.encode()
-            parts.append(b"$%d\r\n%b\r\n" % (len(encoded), encoded))
-        parts.append(tail)
-        return b"".join(parts)
+        keys = [_bulk(key.encode()) for key in floor_keys("floor", ip, user)]
+        return b"".join([head, *keys, tail])
 
     return command
 

@@ -39,6 +39,8 @@ for _, key in ipairs(KEYS) do
 end
 return 1
 """
+# The floor's ARGV: the value every key is set to and its TTL in milliseconds.
+FLOOR_ARGS = ("1764480000000000", 3_600_000)
 
 LABELS = {
     "bare": "bare Flask app (baseline)",
@@ -104,10 +106,7 @@ def floor_app(redis_url: str, callers: Sequence[tuple[str, str]]) -> Flask:
 
     client = RedisStorage.from_url(redis_url, timeout=5.0).client
     sha = client.script_load(FLOOR_SCRIPT)
-    calls = [
-        (sha, 3, *floor_keys("floor", ip, user), "1764480000000000", 3_600_000)
-        for ip, user in callers
-    ]
+    calls = [(sha, 3, *floor_keys("floor", ip, user), *FLOOR_ARGS) for ip, user in callers]
     position = 0
 
     def hook() -> None:
@@ -134,7 +133,7 @@ def floor_server_app(redis_url: str) -> Flask:
 
     def hook() -> None:
         ip, user = request.remote_addr or "", request.headers.get(USER_HEADER, "")
-        client.evalsha(sha, 3, *floor_keys("floor", ip, user), "1764480000000000", 3_600_000)
+        client.evalsha(sha, 3, *floor_keys("floor", ip, user), *FLOOR_ARGS)
 
     app = bare_app()
     app.before_request(hook)
