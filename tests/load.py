@@ -66,9 +66,12 @@ def hammer(
         return list(pool.map(lambda r: get(port, r[0], r[1], tag=r[2]), requests))
 
 
-def serve_many(tmp_path: Path, plans: dict[str, Any], *, workers: int = 4, **env: str) -> Gunicorn:
+def serve_many(
+    tmp_path: Path, plans: dict[str, Any], *, workers: int = 4, threads: int = 1, **env: str
+) -> Gunicorn:
     """Gunicorn serving ``tests.apps.many`` with ``plans`` (the first is the default plan),
-    its own SQLite file and log in ``tmp_path``; returns once every worker answers."""
+    its own SQLite file and log in ``tmp_path``; returns once every worker answers.
+    ``threads`` > 1 runs gunicorn's threaded workers (``gthread``)."""
     first = next(iter(plans))
     tmp_path.mkdir(parents=True, exist_ok=True)
     server = Gunicorn(
@@ -81,6 +84,7 @@ def serve_many(tmp_path: Path, plans: dict[str, Any], *, workers: int = 4, **env
             **env,
         },
         workers=workers,
+        threads=threads,
         app="tests.apps.many:app",
     )
     deadline = time.monotonic() + 30

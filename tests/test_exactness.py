@@ -36,16 +36,19 @@ WEEK = "7 days"  # nothing refills while a test runs
 def test_exact_limits_under_load(
     own_redis: RedisServer, tmp_path: Path, algorithm: Algorithm
 ) -> None:
-    """60 callers x 12 requests, 32 at a time, over 4 workers: the user tier admits exactly
-    4 per caller, the endpoint tier exactly 3; then a shared global tier exactly 150."""
+    """60 callers x 12 requests, 32 at a time, over 4 workers x 4 threads: the user tier
+    admits exactly 4 per caller, the endpoint tier exactly 3; then a shared global tier
+    exactly 150."""
     plans = {
         # 720 requests from one IP: a global tier that never binds (a log takes up to 1,000).
         "a": {"global": f"1000/{WEEK}", "user": f"4/{WEEK}", "resources": {"work": f"3/{WEEK}"}},
         "b": {"global": f"150/{WEEK}", "user": f"1000/{WEEK}"},
     }
+    # Threaded workers (gthread): exact across the threads of a worker as across workers.
     server = serve_many(
-        tmp_path, plans, QUOTA_STORAGE_URL=own_redis.url, QUOTA_ALGORITHM=algorithm.value
-    )
+        tmp_path, plans, threads=4, QUOTA_STORAGE_URL=own_redis.url,
+        QUOTA_ALGORITHM=algorithm.value,
+    )  # fmt: skip
     try:
         # Callers u* use /ping (user tier binds), callers w* use /work (endpoint binds).
         batch = [

@@ -19,14 +19,14 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 PLANS = {"free": {"user": "100/minute", "global": "100000/minute"}}
 
 
-@pytest.mark.parametrize("prefetch", ["0.05", None])
+@pytest.mark.parametrize(("prefetch", "threads"), [("0.05", 1), ("0.05", 4), (None, 1)])
 def test_a_quick_burst_admits_nearly_the_limit_and_never_more(
-    tmp_path: Path, own_redis: RedisServer, prefetch: str | None
+    tmp_path: Path, own_redis: RedisServer, prefetch: str | None, threads: int
 ) -> None:
     env = {"QUOTA_STORAGE_URL": own_redis.url}
     if prefetch is not None:
         env["QUOTA_PREFETCH"] = prefetch
-    server = serve_many(tmp_path, PLANS, workers=4, **env)
+    server = serve_many(tmp_path, PLANS, workers=4, threads=threads, **env)
     try:
         client = own_redis.client()
         client.config_resetstat()

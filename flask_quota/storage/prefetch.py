@@ -72,6 +72,7 @@ _BLOCK, _TOKEN_BUCKET, _FIXED_WINDOW = Gate.BLOCK, Algorithm.TOKEN_BUCKET, Algor
 
 
 _NONE_FRESH: dict[str, float] = {}  # ``_keep`` with no bucket new (read, never written)
+_NOT_ASKING = float("-inf")  # ``_Share.asking`` when no take of the bucket is in flight
 
 
 def share_size(fraction: float, rate: Rate, algorithm: Algorithm) -> int:
@@ -100,6 +101,10 @@ class _Share:
     size: int  # the next share's size (halved when unspent or refused, doubled when used up)
     seen: float  # local time of the last request for this bucket here
     gap: float  # seconds between its requests here, smoothed (what a share can be spent at)
+    # Local time a take of a share of this bucket was sent, while its answer is awaited
+    # (``_NOT_ASKING`` otherwise): one take at a time per worker and bucket, so a thread
+    # never keeps its share over another thread's live one (whose units storage charged).
+    asking: float = float("-inf")
 
 
 class Prefetch(Layer):
@@ -176,16 +181,29 @@ class Prefetch(Layer):
         asked = self._shape(
             checks, [c.cost + x + g for c, x, g in zip(checks, extra, guards, strict=True)]
         )
-        reply = flat_decide(self.storage, asked, keys)
+        try:
+            reply = flat_decide(self.storage, asked, keys)
+        except BaseException:
+            self._asked(checks, keys, extra, refused=False)
+            raise
         if reply.all_allowed:
             self._keep(checks, keys, reply, extra, now, fresh or _NONE_FRESH)
             return reply
-        with self._lock:  # a share did not fit: ask less next time, and decide as asked
+        self._asked(checks, keys, extra, refused=True)  # a share did not fit
+        return self._exact(checks, keys, now, fresh or _NONE_FRESH)
+
+    def _asked(
+        self, checks: Sequence[Check], keys: Sequence[str], extra: Sequence[int], *, refused: bool
+    ) -> None:
+        """A take that kept nothing (storage refused it, or the call failed): the buckets
+        may be asked for again, a refused one for half as much."""
+        with self._lock:
             for check, key, x in zip(checks, keys, extra, strict=True):
                 known = self._shares.get(key)
                 if x and known is not None and known.rate == check.rate:
-                    known.size //= 2
-        return self._exact(checks, keys, now, fresh or _NONE_FRESH)
+                    known.asking = _NOT_ASKING
+                    if refused:
+                        known.size //= 2
 
     def _give_back(self, unspent: Check, charged_at_us: int) -> None:
         """Refund an expired window share's unspent units; one that fails is lost."""
@@ -297,6 +315,11 @@ class Prefetch(Layer):
             _tick(known, now)
             if known.deadline > now and known.left >= check.cost:
                 continue
+            if known.asking > now - horizon:
+                # Another thread of this worker is taking a share of this bucket: decided
+                # exactly, so the two takes never meet (see ``_Share.asking``). Bounded by
+                # the horizon, should that take's answer never be kept.
+                continue
             if known.left and known.left * 2 > known.taken:
                 # Expired mostly unspent: next time, what this one was spent on.
                 known.size = max(1, _power_below(known.taken - known.left))
@@ -315,6 +338,7 @@ class Prefetch(Layer):
             if extra is None or guards is None:
                 extra, guards = [0] * len(checks), [0] * len(checks)
             extra[i] = size
+            known.asking = now
             if check.algorithm is _TOKEN_BUCKET:
                 guards[i] = _guard(check, known, size, gap, self._max(check), now)
         if fresh is None and learn:
@@ -367,7 +391,11 @@ class Prefetch(Layer):
                 known.remaining, known.reset_us, known.now_us, known.got = (
                     remaining, reset_us, now_us, got,
                 )  # fmt: skip
-                s = extra[i] if took and extra is not None else 0
+                s = extra[i] if extra is not None else 0
+                if s:
+                    known.asking = _NOT_ASKING  # this take's answer: the bucket is free again
+                if not took:
+                    s = 0
                 if s <= 0:
                     if allowed and known.size == 0 and remaining >= check.cost + 2:
                         known.size = 1  # room again after refusals: start small
