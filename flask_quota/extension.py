@@ -157,7 +157,8 @@ class Quota:
             if metrics is not None:
                 storage.on_hit = metrics.prefetch_hit
         if self._storage is None and settings.deny_cache and storage.name != "memory":
-            storage = DenyCache(storage)  # a flood of denials stays off Redis
+            # A flood of denials stays off Redis; each is trusted for a sync interval.
+            storage = DenyCache(storage, horizon=settings.sync_interval)
             # A reset, an unblock or a plan change anywhere bumps the SQL version:
             # then this worker's cached denials may be stale, so they go.
             sql.on_change(storage.forget)

@@ -3,16 +3,17 @@ admission Redis would refuse, and a flood from one key kept off Redis."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from flask import Flask
+from flask import Flask, stream_with_context
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flask_quota import Quota
+from flask_quota import Quota, signals
 from flask_quota.core.algorithms import Algorithm
 from flask_quota.core.rates import parse_rate
 from flask_quota.settings import Settings
@@ -49,9 +50,9 @@ class Counting:
         self.inner.close()
 
 
-def cached(clock: FrozenClock) -> tuple[DenyCache, Counting]:
+def cached(clock: FrozenClock, horizon: float = 3600) -> tuple[DenyCache, Counting]:
     inner = Counting(clock)
-    return DenyCache(inner, clock=lambda: clock.seconds), inner
+    return DenyCache(inner, clock=lambda: clock.seconds, horizon=horizon), inner
 
 
 def check(key: str = "k", rate: str = "2/minute", cost: int = 1, algorithm: str = "tb") -> Check:
@@ -78,6 +79,21 @@ def test_a_denial_is_answered_locally_until_its_retry_time() -> None:
     clock.advance(1)  # 30 s: one token is back
     assert cache.decide([check()]).allowed
     assert inner.calls == 4
+
+
+def test_a_denial_is_trusted_for_the_horizon_then_asked_again() -> None:
+    """Another server's charge can deepen a bucket's debt unseen here: after ``horizon``
+    seconds a cached denial asks the storage again, whose answer is cached anew, and the
+    answers between keep counting down to the storage's retry time."""
+    clock = FrozenClock()
+    cache, inner = cached(clock, horizon=2)
+    assert [cache.decide([check()]).allowed for _ in range(3)] == [True, True, False]
+    waits = []
+    for _ in range(6):
+        clock.advance(1)
+        waits.append(cache.decide([check()]).outcomes[0].retry_after_us // 1_000_000)
+    assert waits == [29, 28, 27, 26, 25, 24]
+    assert inner.calls == 3 + 3  # asked again at 2, 4 and 6 s
 
 
 def test_a_denial_covers_larger_costs_only() -> None:
@@ -224,3 +240,89 @@ def test_a_single_key_flood_stays_off_redis(own_redis: RedisServer, tmp_path: Pa
     without, with_cache = results["false"][1], results["true"][1]
     assert without >= 10 * with_cache, results
     print(f"deny cache: {without} Redis commands without, {with_cache} with ({results})")
+
+
+def header_app(url: str, path: Path, **config: object) -> Flask:
+    """An app on ``url`` whose caller names itself in ``X-Client``; ``/charge/N`` is limited
+    to 10/minute and charges ``N`` more after the response, ``/stream/N`` when its stream
+    ends (which the client decides), ``/ping`` meets only the plan's tiers."""
+    from tests.apps.many import header_quota
+
+    app = Flask(__name__, instance_path=str(path))
+    app.config.update(
+        QUOTA_STORAGE_URL=url, QUOTA_DATABASE_URL="sqlite://",
+        QUOTA_PLANS={"free": {"user": "2/minute", "global": "100000/minute"}}, **config,
+    )  # fmt: skip
+    quota = header_quota(app)
+
+    @app.get("/charge/<int:units>")
+    @quota.limit("10/minute", resource="metered")
+    def charge(units: int) -> str:
+        quota.charge(units)
+        return "ok"
+
+    @app.get("/stream/<int:units>")
+    @quota.limit("10/minute", resource="metered")
+    def stream(units: int) -> object:
+        def body() -> Iterator[str]:
+            yield "part"
+            quota.charge(units)
+
+        return app.response_class(stream_with_context(body()))
+
+    return app
+
+
+@pytest.mark.redis
+def test_a_cached_denial_never_promises_less_than_the_storage(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Found in review: a debt charged after a denial was cached (here a stream's charge,
+    landing when it ends) left the cached denial promising the old, shorter wait, so a
+    client that honoured ``Retry-After`` was refused again. A charge forgets the cached
+    denials of its buckets; what another server charges meanwhile is bounded by the
+    sync interval, after which a cached denial asks the storage again."""
+    app = header_app(own_redis.url, tmp_path / "a")
+    truth = header_app(own_redis.url, tmp_path / "b", QUOTA_DENY_CACHE=False)
+    client, exact = app.test_client(), truth.test_client()
+    me = {"X-Client": "spender"}
+    streamed = client.get("/stream/40", headers=me, buffered=False)  # its charge waits
+    assert client.get("/charge/20", headers=me).status_code == 200  # into debt
+    first = client.get("/charge/0", headers=me)
+    assert first.status_code == 429  # the storage denied: cached
+    assert streamed.get_data() == b"part"  # the stream ends: its charge is made
+    streamed.close()  # 40 more units of debt, charged by this worker now
+    cached = client.get("/charge/0", headers=me)
+    assert cached.status_code == 429
+    real = exact.get("/charge/0", headers=me)
+    assert real.status_code == 429
+    assert int(cached.headers["Retry-After"]) >= int(real.headers["Retry-After"]) - 1
+    assert int(real.headers["Retry-After"]) > int(first.headers["Retry-After"]) + 120
+
+
+@pytest.mark.redis
+def test_a_cached_denial_is_no_sign_the_storage_is_up(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Found in review: with Redis down, requests answered from the deny cache counted as
+    storage successes: interleaved with failing ones they kept the breaker from ever
+    opening (every other request paid the storage timeout), and once it was open a
+    cached answer to its probe closed it and fired ``storage_recovered``."""
+    app = header_app(own_redis.url, tmp_path, QUOTA_BREAKER_COOLDOWN=0.2)
+    client = app.test_client()
+    flooder = {"X-Client": "flooder"}
+    statuses = [client.get("/ping", headers=flooder).status_code for _ in range(3)]
+    assert statuses == [200, 200, 429]  # the third is denied, and cached
+    changes: list[str] = []
+    signals.storage_failed.connect(lambda sender, **kw: changes.append("failed"), app, weak=False)
+    signals.storage_recovered.connect(lambda sender, **kw: changes.append("up"), app, weak=False)
+    own_redis.kill()
+    for i in range(5):  # the flooder (a cached denial) between callers the storage fails
+        assert client.get("/ping", headers=flooder).status_code == 429
+        assert client.get("/ping", headers={"X-Client": f"c{i}"}).status_code == 200  # open
+    assert changes == ["failed"]  # five failures in a row, cache hits or not
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:  # probes come every 0.2 s: the flooder's too
+        client.get("/ping", headers=flooder)
+        time.sleep(0.02)
+    assert changes == ["failed"]  # never "recovered" by an answer the storage did not give

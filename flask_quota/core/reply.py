@@ -156,8 +156,8 @@ class LocalReply(Reply):
 
 
 class HeldReply(Reply):
-    """A reply answered in-process from units the storage handed out before
-    (``QUOTA_PREFETCH``'s shares), without asking it: no sign the storage is up, so
-    the circuit breaker does not count it as a success."""
+    """A reply answered in-process from what the storage said before, without asking it
+    (``QUOTA_PREFETCH``'s shares, the deny cache's denials): no sign the storage is up,
+    so the circuit breaker does not count it as a success."""
 
     __slots__ = ()

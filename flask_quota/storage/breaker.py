@@ -105,6 +105,14 @@ class CircuitBreaker:
         if self.on_change is not None:
             self.on_change(None)
 
+    def unused(self, attempt: Attempt) -> None:
+        """A probe that never reached the storage (answered in-process): the next call
+        may probe at once instead of a cooldown later."""
+        if attempt.probe:
+            with self._lock:
+                if self._open:
+                    self._next_probe = self._clock()
+
     def failed(self, attempt: Attempt, error: BaseException, fail_mode: str) -> None:
         """Count a failure of ``attempt``; open the breaker at ``threshold`` in a row."""
         with self._lock:

@@ -7,6 +7,14 @@ this ``Storage`` wrapper. It only ever denies, so it cannot admit what Redis
 would refuse. Its deadline starts when the request to Redis was *sent*, not
 when the answer arrived: Redis decided somewhere in between, so a cached
 denial never outlasts the real one.
+
+The other way round, a cached denial must not promise a shorter wait than the
+storage would give: a charge after the response (``quota.charge``, ``settle``) can
+put the bucket deeper into debt after its denial was cached. This worker's own
+charges forget the denials of their buckets; another server's cannot be seen here,
+so a denial is trusted for at most ``horizon`` seconds (the SQL sync interval), and
+then the storage is asked again. Its answers are ``HeldReply``: no sign the storage
+is up, so the circuit breaker does not count them.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from dataclasses import dataclass
 from ..core.algorithms import Algorithm, Gate, Outcome
 from ..core.clock import US
 from ..core.rates import Rate
+from ..core.reply import HeldReply
 from . import Check, Storage, Verdict
 from .base import (
     Reply,
@@ -39,7 +48,8 @@ class _Denial:
 
     rate: Rate
     cost: int
-    deadline: float  # local monotonic seconds
+    deadline: float  # local monotonic seconds: the retry time the storage gave
+    trusted: float  # local monotonic seconds until which it is answered here
     outcome: Outcome
     seen: tuple[tuple[str, Outcome], ...]  # every tier of the denied request, as Redis saw it
     server_now_us: int  # Redis time of the decision
@@ -54,8 +64,9 @@ class DenyCache(Layer):
     change is never answered from a stale denial. ``forget()`` drops every local
     denial: each worker calls it when the SQL version moves, which resets,
     unblocks and plan changes all bump (see ``SqlStore.on_change``).
-    At most ``max_keys`` keys are remembered. ``on_hit()``, when set, is called for
-    every decision answered here (the metrics count them).
+    At most ``max_keys`` keys are remembered, each for at most ``horizon`` seconds
+    (see the module docstring). ``on_hit()``, when set, is called for every decision
+    answered here (the metrics count them).
     """
 
     on_hit: Callable[[], None] | None = None
@@ -66,12 +77,17 @@ class DenyCache(Layer):
         *,
         clock: Callable[[], float] = time.monotonic,
         max_keys: int = 10_000,
+        horizon: float = 2.0,
     ) -> None:
         super().__init__(storage)
         self._clock = clock
+        self.horizon = horizon
         self._max_keys = max_keys
         self._lock = threading.Lock()
         self._denials: dict[str, tuple[_Denial, ...]] = {}
+        # key -> the cached denials' keys of requests that also asked for it: a cached
+        # answer says every check of its request, so a charge of any of them drops it.
+        self._asked_with: dict[str, set[str]] = {}
         self._forgot_at = float("-inf")  # denials asked for before this are stale
         self.hits = 0  # decisions answered here, without the storage
 
@@ -88,7 +104,8 @@ class DenyCache(Layer):
                 self.hits += 1
                 if self.on_hit is not None:
                     self.on_hit()
-                return flat_reply(cached)
+                found = flat_reply(cached)
+                return HeldReply(found)
         reply = flat_decide(self.storage, checks, keys)
         if not reply.all_allowed:
             real = keyed(checks, keys)
@@ -99,6 +116,16 @@ class DenyCache(Layer):
         """Refund in the storage; a denial cached for these keys may no longer hold."""
         self.storage.refund(checks, charged_at_us)
         self._forget(checks)
+
+    def charge(self, checks: Sequence[Check]) -> None:
+        """Charge in the storage (into debt, maybe): a cached denial of a request that
+        asked for these keys would now promise too short a wait, whichever tier denied."""
+        self.storage.charge(checks)
+        if self._denials:
+            with self._lock:
+                for check in checks:
+                    for key in self._asked_with.pop(check.key, ()):
+                        self._denials.pop(key, None)
 
     def _forget(self, checks: Sequence[Check]) -> None:
         if self._denials:
@@ -123,12 +150,14 @@ class DenyCache(Layer):
                     self._denials.pop(key, None)
             else:
                 self._denials.clear()
+                self._asked_with.clear()
                 self._forgot_at = self._clock()
 
     def close(self) -> None:
         """Forget every local denial and close the storage."""
         with self._lock:
             self._denials.clear()
+            self._asked_with.clear()
         self.storage.close()
 
     def __len__(self) -> int:
@@ -138,7 +167,7 @@ class DenyCache(Layer):
         if check.shadow:
             return None  # a shadow check never denies, so no denial answers it
         for denial in self._denials.get(check.key, ()):
-            if denial.deadline > now and denial.cost <= check.cost and denial.rate == check.rate:
+            if denial.trusted > now and denial.cost <= check.cost and denial.rate == check.rate:
                 return denial
         return None
 
@@ -181,10 +210,12 @@ class DenyCache(Layer):
                     continue  # a shadow denial is no denial
                 if check.algorithm is Gate.LEASE:
                     continue  # a slot frees whenever a request ends: never assume it stays full
+                deadline = sent + outcome.retry_after_us / US
                 denial = _Denial(
                     rate=check.rate,
                     cost=check.cost,
-                    deadline=sent + outcome.retry_after_us / US,
+                    deadline=deadline,
+                    trusted=min(deadline, sent + self.horizon),
                     outcome=outcome,
                     seen=seen,
                     server_now_us=verdict.now_us,
@@ -194,17 +225,22 @@ class DenyCache(Layer):
                 kept = tuple(
                     d
                     for d in self._denials.get(check.key, ())
-                    if d.cost != check.cost and d.deadline > sent
+                    if d.cost != check.cost and d.trusted > sent
                 )
                 self._denials[check.key] = (*kept, denial)
+                for other in checks:
+                    self._asked_with.setdefault(other.key, set()).add(check.key)
 
     def _prune(self, now: float) -> None:
         """Drop expired denials; if still full, the oldest half (insertion order)."""
         live = {
             key: kept
             for key, denials in self._denials.items()
-            if (kept := tuple(d for d in denials if d.deadline > now))
+            if (kept := tuple(d for d in denials if d.trusted > now))
         }
         if len(live) >= self._max_keys:
             live = dict(list(live.items())[len(live) // 2 :])
         self._denials = live
+        self._asked_with = {
+            key: kept for key, found in self._asked_with.items() if (kept := found & live.keys())
+        }

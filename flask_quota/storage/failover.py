@@ -68,8 +68,10 @@ class GuardedStorage:
                 self._count_failure(attempt, exc)
                 charge_locally = attempt.probe
             else:
-                if type(reply) is not HeldReply:  # shares in hand say nothing of the storage
+                if type(reply) is not HeldReply:
                     self.breaker.succeeded()
+                elif attempt.probe:  # answered in-process: the storage was not probed
+                    self.breaker.unused(attempt)
                 return reply
         local = self._failed(keyed(checks, keys), charge_locally)
         return None if local is None else LocalReply.of(local.now_us, local.allowed, local.outcomes)
