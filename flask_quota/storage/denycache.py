@@ -242,5 +242,5 @@ class DenyCache(Layer):
             live = dict(list(live.items())[len(live) // 2 :])
         self._denials = live
         self._asked_with = {
-            key: kept for key, found in self._asked_with.items() if (kept := found & live.keys())
+            key: asked for key, found in self._asked_with.items() if (asked := found & live.keys())
         }
