@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,6 +167,16 @@ class RedisServer:
             client.client_pause(milliseconds, all=True)
         finally:
             client.close()
+
+    def stall(self, seconds: float) -> None:
+        """Stop the server process (SIGSTOP) for ``seconds``, then let it go on (SIGCONT):
+        what it had not read yet waits in its socket and runs once it resumes, even for
+        a client that gave up meanwhile (a stalled VM, a long fork, a swapped-out host)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        resume = threading.Timer(seconds, self.proc.send_signal, (signal.SIGCONT,))
+        resume.daemon = True
+        resume.start()
 
     def stop(self) -> None:
         self.kill()

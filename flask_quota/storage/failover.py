@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
+from ..core.algorithms import Gate
+from ..core.clock import US
 from ..core.errors import QuotaUnavailable
 from ..core.reply import HeldReply, LocalReply, Reply
 from ..settings import FailMode
@@ -18,6 +23,32 @@ __all__ = ["GuardedStorage"]
 
 log = logging.getLogger("flask_quota")
 T = TypeVar("T")
+
+# When a give-back that may not have landed is sent again, in seconds after the first
+# failure: a call that timed out may still run on the server after the first give-back
+# (a stalled server runs what it had read once it resumes), so it is sent a few times.
+RESEND_AFTER = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+MAX_PENDING = 10_000  # give-backs kept at most: past it, the oldest are dropped (they expire)
+_LEASE = Gate.LEASE
+
+
+@dataclass(slots=True)
+class _GiveBack:
+    """Leases to give back to the storage that a failed call may have left there."""
+
+    checks: list[Check]  # the lease checks, each key naming its set and member
+    since: float  # monotonic seconds when it was first owed
+    sent: int  # times sent so far (``RESEND_AFTER`` says when the next is due)
+    until: float  # monotonic seconds after which the leases have expired anyway
+
+
+def lease_checks(checks: Sequence[Check], keys: Sequence[str]) -> list[Check]:
+    """The leases a request's ``checks`` take, on its ``keys`` (members included)."""
+    return [
+        Check(key, c.algorithm, c.rate, c.cost, c.shadow, c.calendar)
+        for c, key in zip(checks, keys, strict=True)
+        if c.algorithm is _LEASE and c.cost > 0
+    ]
 
 
 class GuardedStorage:
@@ -38,6 +69,13 @@ class GuardedStorage:
     only while the breaker is open. The other way round, a failed call that never
     reached the storage is counted nowhere: at most ``threshold`` rounds of them
     (one per worker thread each) per worker as an outage begins.
+
+    Leases are never left behind by a failure: a decide call that failed may still
+    have taken its leases (a stalled server runs the call once it resumes), and a
+    give-back may fail or meet the open breaker. Such leases are owed to the storage
+    and given back on the request path once it answers: before the next decision that
+    may use it, and again on the ``RESEND_AFTER`` schedule (a stalled call may land
+    after the first give-back), until they would have expired anyway.
     """
 
     def __init__(self, storage: Storage, mode: FailMode, breaker: CircuitBreaker) -> None:
@@ -45,6 +83,9 @@ class GuardedStorage:
         self.mode = mode
         self.breaker = breaker
         self.fallback = MemoryStorage() if mode is FailMode.LOCAL else None
+        self.owed: list[_GiveBack] = []  # leases to give back to the storage (see above)
+        self._owed_lock = threading.Lock()
+        self._clock = time.monotonic
         if type(storage) is MemoryStorage and "decide" not in vars(storage):
             # The in-process store (exactly it: a subclass may fail on purpose) raises
             # no StorageError: its request path skips the breaker, which could never open.
@@ -62,10 +103,13 @@ class GuardedStorage:
         attempt = self.breaker.allow()
         charge_locally = True
         if attempt is not None:
+            if self.owed and not attempt.probe:
+                self._give_back_owed(attempt)
             try:
                 reply = flat_decide(self.storage, checks, keys)
             except Exception as exc:
                 self._count_failure(attempt, exc)
+                self._owe(lease_checks(checks, keys))  # the call may have taken them
                 charge_locally = attempt.probe
             else:
                 if type(reply) is not HeldReply:
@@ -112,22 +156,60 @@ class GuardedStorage:
 
     def release(self, checks: Sequence[Check], *, local: bool) -> None:
         """Give leases back (``core/leases.py``): to the fallback when it took them
-        (``local``), else to the storage. A release the storage cannot take is lost
-        and logged (at debug level: the breaker logs the outage once); the lease
-        expires after ``QUOTA_LEASE_SECONDS``."""
+        (``local``), else to the storage. One the storage cannot take now (down, or
+        the breaker open) is owed and given back once it answers (see the class)."""
         if local:
             if self.fallback is not None:
                 self.fallback.refund(checks, 0)
             return
         attempt = self.breaker.allow()
         if attempt is None:
-            log.debug("flask-quota: lease release lost: the storage is down, it expires")
+            self._owe(list(checks))
             return
         try:
             self.storage.refund(checks, 0)
         except Exception as exc:
             self._count_failure(attempt, exc)
-            log.warning("flask-quota: a lease release was lost (it expires): %s", exc)
+            self._owe(list(checks))
+            log.warning("flask-quota: a lease release failed, to be sent again: %s", exc)
+        else:
+            self.breaker.succeeded()
+            if self.owed and attempt.probe:
+                self._give_back_owed(self.breaker.allow())
+
+    def _owe(self, checks: list[Check]) -> None:
+        """Keep ``checks`` (leases) to give back to the storage once it answers."""
+        if not checks:
+            return
+        now = self._clock()
+        life = max(c.rate.window_us for c in checks) / US  # QUOTA_LEASE_SECONDS
+        with self._owed_lock:
+            if len(self.owed) >= MAX_PENDING:
+                del self.owed[: len(self.owed) // 2]  # the oldest: nearest their expiry
+            self.owed.append(_GiveBack(checks, now, 0, now + life))
+
+    def _give_back_owed(self, attempt: Attempt | None) -> None:
+        """Send the owed give-backs that are due, in one storage call; on the request
+        path, before its decision (only while something is owed)."""
+        if attempt is None:
+            return
+        now = self._clock()
+        with self._owed_lock:
+            due = [g for g in self.owed if now >= g.since + RESEND_AFTER[g.sent]]
+            if not due:
+                return
+            for owed in due:
+                owed.sent += 1
+            self.owed = [g for g in self.owed if g.sent < len(RESEND_AFTER) and g.until > now]
+        try:
+            self.storage.refund([c for g in due for c in g.checks], 0)
+        except Exception as exc:
+            self._count_failure(attempt, exc)
+            with self._owed_lock:
+                for owed in due:  # not sent after all: due again at once
+                    owed.sent -= 1
+                    if owed not in self.owed and owed.until > now:
+                        self.owed.append(owed)
         else:
             self.breaker.succeeded()
 
