@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 from dataclasses import dataclass
 
 __all__ = ["Identity", "client_ip", "plausible_api_key"]
+
+log = logging.getLogger("flask_quota")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +59,22 @@ def client_ip(remote_addr: str | None) -> str:
 
 
 def parsed_ip(remote_addr: str) -> str:
-    """``client_ip`` by parsing the address (the path for all but canonical dotted quads)."""
-    try:
-        address = ipaddress.ip_address(remote_addr.split("%", 1)[0])
-    except ValueError:
+    """``client_ip`` by parsing the address (the path for all but canonical dotted quads).
+
+    Some proxies write the client's port too: ``ipv4:port`` and ``[ipv6]:port`` are
+    their address. Anything else that is no address is keyed as ``unknown`` (one
+    bucket for all of them: never a way to a fresh one) and said once per process.
+    """
+    text = remote_addr
+    address = _address(text)
+    if address is None:
+        host, _, port = text.rpartition(":")
+        if port.isdigit() and host.startswith("[") and host.endswith("]"):
+            address = _address(host[1:-1])
+        elif port.isdigit() and host.count(".") == 3 and ":" not in host:
+            address = _address(host)
+    if address is None:
+        _tell_unparsed(remote_addr)
         return "unknown"
     if isinstance(address, ipaddress.IPv6Address):
         if address.ipv4_mapped is not None:
@@ -67,6 +82,29 @@ def parsed_ip(remote_addr: str) -> str:
         # One subscriber usually owns a whole /64; keying by /128 is free to evade.
         return str(ipaddress.IPv6Network((address, 64), strict=False))
     return str(address)
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text.split("%", 1)[0])  # a zone index is no part of it
+    except ValueError:
+        return None
+
+
+_told_unparsed = False  # ``_tell_unparsed`` has spoken (once per process)
+
+
+def _tell_unparsed(remote_addr: str) -> None:
+    global _told_unparsed
+    if _told_unparsed:
+        return
+    _told_unparsed = True
+    log.warning(
+        "flask-quota: the client address %r is not an IP address (nor one with a port); "
+        "such callers share the global tier's 'unknown' bucket. Check what the server or "
+        "the proxy (through ProxyFix) puts in REMOTE_ADDR. This is said once.",
+        remote_addr,
+    )
 
 
 _KEY_RE = re.compile(r"[\x21-\x7e]{8,256}")
