@@ -51,6 +51,7 @@ def after_hook(state: QuotaState) -> Callable[[Response], Response]:
         if route.leases and mode is not _NO_HEADERS:
             _add(headers, route.lease_headers(reply), names)
         decision = None
+        settles_later = False
         if found.pop("_quota_inner", False):
             # A quota.limited inside the view denied: the 429 is that limit's, and the
             # view's own headers would contradict its body.
@@ -60,6 +61,7 @@ def after_hook(state: QuotaState) -> Callable[[Response], Response]:
             # are settled when it ends. Its headers left before, so they show admission.
             _add(headers, route.headers(reply, mode), names)
             response.call_on_close(_Settle(state, decided, scope, response))
+            settles_later = True
         # What the view asked for after the response: quota.charge's units, quota.settle's.
         # Asked only when there may be something (the usual request has nothing).
         elif (
@@ -69,6 +71,8 @@ def after_hook(state: QuotaState) -> Callable[[Response], Response]:
             _add(headers, rate_limit_headers(decision, mode), names)
         else:
             _add(headers, route.headers(reply, mode), names)
+        if decided.near is not None and not settles_later:
+            state.enforcer.done(decided)  # charged as admitted: its crossings are told now
         if state.usage is not None:
             decision = decision or decided.decision()
             state.usage.record(decided.tag, decision.plan, decision.usage_outcomes())
@@ -146,6 +150,7 @@ class _Settle:
     def __call__(self) -> None:
         after = _settlement(self.scope.__dict__, self.decided, self.response)
         if after is None:
+            self.state.enforcer.done(self.decided)
             return
         try:
             self.state.enforcer.settle(self.decided, **after)

@@ -117,11 +117,16 @@ def test_a_denial_raises_and_names_its_tier() -> None:
 def test_each_bucket_is_reported_once_when_it_crosses_the_near_line() -> None:
     """near=0.5: the first request takes search (2/minute) to 1 used, the line; the second
     takes user (3/minute) to 2 used; each is told once, to the events and the observer,
-    and nothing is told for requests above the line or refused ones."""
+    and nothing is told for requests above the line or refused ones. An endpoint tier's
+    crossing is told when the response is done (its charge may still be settled)."""
     events = Recorder()
     enforcer, _ = _enforcer(FrozenClock(), observer=events, near=0.5)
-    enforcer.decide(_facts())
-    enforcer.decide(_facts())
+    first = enforcer.decide(_facts())
+    assert first is not None and not [t for t in events.told if t[0] == "near"]
+    enforcer.done(first)
+    second = enforcer.decide(_facts())
+    assert second is not None
+    enforcer.done(second)
     with pytest.raises(QuotaExceeded):
         enforcer.decide(_facts())
     near = [told for told in events.told if told[0] == "near"]

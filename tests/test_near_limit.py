@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flask import Flask
+from flask import Flask, request
 
 from flask_quota import Identity, Quota, signals
 from flask_quota.core.near import is_near, room
@@ -182,3 +182,61 @@ def test_cluster_and_sentinel_hear_the_crossing_once(
     statuses = [apps[i % 2].test_client().get("/items").status_code for i in range(12)]
     assert statuses == [200] * 10 + [429, 429]
     assert [(c.name, c.outcome.remaining) for _, _, c in heard] == [("user", 2)]
+
+
+@pytest.mark.parametrize(
+    ("estimate", "actual", "told"),
+    [(900, 50, None), (1, 850, 150), (900, 900, 100), (1, 1, None), (1, 0, None)],
+)
+def test_a_settled_request_is_judged_on_what_it_was_charged(
+    tmp_path: Path,
+    heard: list[tuple[Any, Any, Any]],
+    close_sql: Callable[[Flask], Flask],
+    estimate: int,
+    actual: int,
+    told: int | None,
+) -> None:
+    """Found in review: an estimate of 900 settled at 50 fired "100 left" while 950 were
+    left; settling 850 of 1,000 fired nothing. A request's endpoint tier crosses the
+    line by what it was finally charged: ``quota.settle``'s actual cost."""
+    app, quota = near_app(tmp_path, "settle")
+    close_sql(app)
+
+    @app.post("/infer/<int:estimate>/<int:actual>")
+    @quota.limit(
+        "1000/hour", resource="tokens", unit="tokens",
+        cost=lambda: int(request.view_args["estimate"]),  # type: ignore[index]
+    )  # fmt: skip
+    def infer(estimate: int, actual: int) -> str:
+        quota.settle(actual)
+        return "ok"
+
+    response = app.test_client().post(f"/infer/{estimate}/{actual}")
+    assert response.status_code == 200
+    endpoint = [(d, c) for _, d, c in heard if c.tier.value == "endpoint"]
+    if told is None:
+        assert endpoint == []
+    else:
+        ((decision, check),) = endpoint
+        assert check.outcome.remaining == told
+        assert decision.results[-1].outcome.remaining == told
+
+
+def test_a_charge_after_the_response_may_cross_the_line(
+    tmp_path: Path, heard: list[tuple[Any, Any, Any]], close_sql: Callable[[Flask], Flask]
+) -> None:
+    """``quota.charge(n)`` after the response is charged too: taking the bucket across
+    the line, it is told then (once)."""
+    app, quota = near_app(tmp_path, "charge")
+    close_sql(app)
+
+    @app.post("/work")
+    @quota.limit("100/hour", resource="work")
+    def work() -> str:
+        quota.charge(84)
+        return "ok"
+
+    http = app.test_client()
+    assert http.post("/work").status_code == 200  # 85 used: across 80
+    assert http.post("/work").status_code == 200  # 170: in debt, above the line already
+    assert [c.outcome.remaining for _, _, c in heard if c.tier.value == "endpoint"] == [15]

@@ -79,6 +79,10 @@ class Decided:
     tag: str  # the caller's tag (an identity's, or the address's when anonymous)
     spec: LimitSpec | None
     more: tuple[LimitSpec, ...] = ()  # a stacked view's further limits (``Facts.more``)
+    # Endpoint tiers (indexes into the decision's results) its admission took across
+    # the near-limit line: told once the response says what the request was charged
+    # (``Enforcer.settle``, ``Enforcer.done``); None when none did.
+    near: list[int] | None = None
 
     def decision(self) -> Decision:
         return self.route.decision(self.reply)[1]
@@ -321,6 +325,14 @@ class Enforcer:
         admitted = reply.all_allowed
         # Only an admitted request was charged, so only it can cross the near-limit line.
         crossed = route.crossings(reply) if admitted and route.lines else None
+        if crossed:
+            # An endpoint tier's charge may still change after the response (settle,
+            # charge, charge_when): its crossing is told then, on the final charge.
+            tiers = route.tiers
+            later = [i for i in crossed if tiers[i].tier is Tier.ENDPOINT]
+            if later:
+                decided.near = later
+                crossed = [i for i in crossed if tiers[i].tier is not Tier.ENDPOINT]
         if not crossed and admitted and not route.shadow and observer is None:
             return decided  # nothing to signal or count: the usual case
         blocked, decision = route.decision(reply)
@@ -423,7 +435,13 @@ class Enforcer:
         cost, and the ``extra`` units (``quota.charge``) come on top. Less is refunded
         as ``charge_when``'s refund is (against the charge's own time, so others'
         charges meanwhile stay intact); more is charged, into debt if need be.
-        Returns the decision the headers show."""
+        Returns the decision the headers show.
+
+        The endpoint tiers that this request's final charge took across the near-limit
+        line are told now: judged from the bucket its admission saw, by what it was
+        charged in the end (a settlement is its own request's; another request settling
+        the same bucket meanwhile is not seen, so such a crossing may be told twice or
+        not at all)."""
         decision = decided.decision()
         checks = decided.route.tier_checks(decided.keys)
         refunds: list[Check] = []
@@ -451,9 +469,38 @@ class Enforcer:
             self.guard.refund(refunds, decision.now_us)
         if charges:
             self.guard.charge(charges)
-        if not refunds and not charges:
-            return decision
-        return decision.adjusted(room, [t.check.algorithm for t in checks])
+        settled = decision
+        if refunds or charges:
+            settled = decision.adjusted(room, [t.check.algorithm for t in checks])
+        lines = decided.route.rooms
+        if lines and (refunds or charges):
+            crossed = [
+                i
+                for i, (t, result) in enumerate(zip(checks, decision.results, strict=True))
+                if t.tier is Tier.ENDPOINT
+                and result.outcome.allowed
+                # what was left after it, finally, against before it: across the line?
+                and settled.results[i].outcome.remaining
+                <= lines[i]
+                < result.outcome.remaining + t.check.cost
+            ]
+            decided.near = None
+            if crossed:
+                self._near(settled, crossed, self._watching())
+        elif decided.near is not None:
+            self.done(decided)
+        return settled
+
+    def done(self, decided: Decided) -> None:
+        """After a response whose charge stayed as admitted: tell the near-limit crossings
+        its admission made on endpoint tiers (see ``Decided.near``)."""
+        crossed, decided.near = decided.near, None
+        if crossed:
+            self._near(decided.decision(), crossed, self._watching())
+
+    def _watching(self) -> DecisionObserver | None:
+        observer = self.observer
+        return observer if observer is not None and observer.watching() else None
 
     def release(self, decided: Decided) -> None:
         """Give back the leases an admitted request holds: one storage call, after its
