@@ -300,7 +300,7 @@ class Quota:
 
     def limited(
         self,
-        rate: str | Rate | Rates,
+        rate: str | Rate | Rates | Callable[[], str],
         *,
         resource: str | None = None,
         key: str | None = None,
@@ -308,6 +308,8 @@ class Quota:
     ) -> Limited:
         """A limit for code that is not a view: ``with quota.limited("5/minute",
         resource="send_sms", key=phone): send()``, or as a decorator on a function.
+        ``rate`` may be a callable, asked on every entry as ``@quota.limit``'s is (then
+        ``resource`` names the bucket).
 
         Entering charges ``cost`` on that one bucket (no other tier) or raises
         ``QuotaExceeded``. The bucket is ``key``'s, else the current request's caller;

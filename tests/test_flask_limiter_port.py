@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from flask import Blueprint, Flask, g, jsonify, request
 from flask.testing import FlaskClient
 
@@ -158,6 +159,67 @@ def test_deduct_when_is_charge_when(app: Flask, clock: FrozenClock) -> None:
     ok = statuses(client, "/login", 10, method="POST", data={"pw": "right"})
     bad = statuses(client, "/login", 4, method="POST", data={"pw": "wrong"})
     assert ok == [200] * 10 and bad == [401, 401, 401, 429]
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window_counter", "token_bucket"])
+def test_headers_after_a_refund_match_what_peek_says(
+    app: Flask, clock: FrozenClock, algorithm: str
+) -> None:
+    """From Flask-Limiter's suite: a '1/hour' limit refunded by deduct_when stacked with
+    '3/second'. Its refunded bucket is full again, so the headers say it resets now, as
+    ``quota.peek`` does (it said "an hour away"); the rule "fewest remaining, ties: the
+    one that resets last" then shows the 3/second limit once both have one left."""
+    quota = quota_app(app, clock, QUOTA_ALGORITHM=algorithm)
+
+    @app.get("/x")
+    @quota.limit("3/second", resource="burst")
+    @quota.limit("1/hour", resource="hourly", charge_when=lambda r: r.status_code >= 400)
+    def x() -> str:
+        return "ok"
+
+    client = app.test_client()
+    now = clock.seconds
+    first = client.get("/x")
+    assert first.headers["X-RateLimit-Resource"] == "hourly"  # 1 of 1 left, 2 of 3
+    assert first.headers["X-RateLimit-Remaining"] == "1"
+    assert int(first.headers["X-RateLimit-Reset"]) <= now + 1  # full: resets now
+    with app.app_context():
+        hourly = [b for b in quota.peek(ip="127.0.0.1") if b.name.startswith("hourly")]
+    assert hourly[0].remaining == 1 and hourly[0].reset_in == 0
+    second = client.get("/x")  # 1 of 1 left, 1 of 3 left: the tie goes to burst
+    assert second.headers["X-RateLimit-Resource"] == "burst"
+    assert second.headers["X-RateLimit-Remaining"] == "1"
+
+
+def test_limited_takes_a_callable_rate_as_limit_does(app: Flask, clock: FrozenClock) -> None:
+    """From Flask-Limiter's suite: ``limiter.limit(callable)`` as a context manager and as
+    a decorator. ``quota.limited`` takes a callable rate as ``@quota.limit`` does, asked
+    on each entry (it raised ``ValueError``)."""
+    quota = quota_app(app, clock, QUOTA_ALGORITHM="fixed_window")  # a count, whatever the rate
+    paid = {"yes": False}
+
+    def rate() -> str:
+        return "4/minute" if paid["yes"] else "2/minute"
+
+    @quota.limited(rate, resource="sync", key="partner")
+    def sync() -> str:
+        return "synced"
+
+    with app.app_context():
+        outcomes = []
+        for _ in range(3):
+            try:
+                outcomes.append(sync())
+            except QuotaExceeded:
+                outcomes.append("429")
+        assert outcomes == ["synced", "synced", "429"]
+        paid["yes"] = True  # the same bucket, a higher rate: two more fit
+        with quota.limited(rate, resource="sync", key="partner"):
+            pass
+        with quota.limited(rate, resource="sync", key="partner"):
+            pass
+        with pytest.raises(QuotaExceeded), quota.limited(rate, resource="sync", key="partner"):
+            pass
 
 
 def test_key_func_per_limit_is_key(app: Flask, clock: FrozenClock) -> None:

@@ -103,6 +103,17 @@ def test_bad_arguments_are_refused_at_once(app: Flask, args: tuple[str], error: 
             quota.limited(*args)
 
 
+def test_a_callable_rate_needs_a_resource_and_a_bad_answer_is_named(app: Flask) -> None:
+    """A callable rate's bucket is named by ``resource`` (its answers may change); an
+    answer that is no rate is refused on entry, naming it."""
+    quota = Quota(app, storage=MemoryStorage())
+    with pytest.raises(ValueError, match="resource="):
+        quota.limited(lambda: "1/minute")
+    limit = quota.limited(lambda: "often", resource="jobs", key="k")
+    with app.app_context(), pytest.raises(ValueError, match="'often'"), limit:
+        pass
+
+
 def test_the_plan_sets_the_rate_and_switching_off_checks_nothing(
     app: Flask, clock: FrozenClock
 ) -> None:

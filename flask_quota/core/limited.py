@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .checks import shown_limit
-from .enforcer import Enforcer, Facts
+from .enforcer import Enforcer, Facts, rated
 from .errors import QuotaExceeded
 from .keys import KeyBuilder
 from .policy import Decision, LimitSpec, TierResult, on_billing_day
@@ -42,11 +42,23 @@ class LimitedSpec:
 
 
 def limited_spec(
-    rate: str | Rate | Rates, resource: str | None, key: str | None, cost: int
+    rate: str | Rate | Rates | Callable[[], object],
+    resource: str | None,
+    key: str | None,
+    cost: int,
 ) -> LimitedSpec:
     """``quota.limited``'s arguments checked: a bad one is refused when the limit is made,
-    not when it is first entered."""
-    rates = parse_rates(rate)
+    not when it is first entered. A callable ``rate`` is asked on every entry, as
+    ``@quota.limit``'s is; its bucket must then be named (``resource``)."""
+    if callable(rate):
+        if resource is None:
+            raise ValueError(
+                "quota.limited(callable, ...) needs resource=..., the bucket's name: the "
+                "callable's answer may change from call to call, its bucket must not"
+            )
+        rates, rate_of = None, rate
+    else:
+        rates, rate_of = parse_rates(rate), None
     if resource is None:
         # Named after its rates: "2/minute" is "limited.2_minute". Two places with the same
         # rate and no resource share a bucket, which the docs say.
@@ -56,7 +68,7 @@ def limited_spec(
         raise TypeError(f"quota.limited(key=...) takes a non-empty str, got {key!r}")
     if not is_count(cost):
         raise ValueError(f"quota.limited(cost=...) takes an int >= 0, got {cost!r}")
-    return LimitedSpec(LimitSpec(rates, resource, cost, per_method=False), key)
+    return LimitedSpec(LimitSpec(rates, resource, cost, per_method=False, rate_of=rate_of), key)
 
 
 class Limited(ContextDecorator):
@@ -91,6 +103,8 @@ def enforce(spec: LimitedSpec, enforcer: Enforcer, facts: Facts | None) -> None:
     denies, and lets the call pass when the storage fails open."""
     limit = spec.limit
     resource = limit.resource or ""
+    if limit.rate_of is not None:
+        limit = rated(limit, resource)  # this entry's answer, parsed once per distinct one
     catalog = enforcer.catalog()
     if facts is None:
         if spec.key is None:

@@ -190,18 +190,22 @@ class Decision:
         for the response headers.
 
         A token bucket's reset moves by the units' worth of time, at most to where a
-        charge's debt is bounded (``bound_debt``); a window's stays.
+        charge's debt is bounded (``bound_debt``); a window's stays, but for a window
+        left empty, which is full now (as ``peek`` would say).
         """
         results = []
         for r, delta, algorithm in zip(self.results, deltas, algorithms, strict=True):
             if delta:
                 o = r.outcome
                 reset = o.reset_us
+                remaining = min(o.limit, o.remaining + delta)
                 if algorithm is Algorithm.TOKEN_BUCKET:
                     interval = r.rate.interval_us
                     reset = max(self.now_us, reset - delta * interval)
                     reset = min(reset, bucket_ceiling(r.rate, self.now_us))
-                outcome = o._replace(remaining=min(o.limit, o.remaining + delta), reset_us=reset)
+                elif remaining == o.limit:
+                    reset = self.now_us
+                outcome = o._replace(remaining=remaining, reset_us=reset)
                 r = replace(r, outcome=outcome)
             results.append(r)
         return Decision(self.plan, tuple(results), self.now_us)
