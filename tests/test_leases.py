@@ -11,6 +11,7 @@ on real groups.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -339,6 +340,49 @@ def test_an_unreleased_lease_expires_on_the_storage_clock(
     fresh = held(client)
     assert fresh.status_code == 200
     close_all([fresh, *lost])
+
+
+def test_a_denial_says_when_a_slot_is_sure_to_be_free(
+    app: Flask,
+    backend: tuple[Storage, FrozenClock],  # noqa: F811
+) -> None:
+    """From the newcomer: a concurrency 429 always says ``Retry-After: 1``. It still does
+    (a holder may end any moment; the storage cannot tell a dead one from a slow one),
+    and its body's ``reset`` now says when the oldest lease expires, the latest moment a
+    slot is sure to be free, where it said now plus one second."""
+    storage, clock = backend
+    _, client = lease_app(app, storage, QUOTA_LEASE_SECONDS=30)
+    lost = held(client)  # taken at t0: expires at t0 + 30
+    clock.advance(10)
+    other = held(client)  # expires at t0 + 40
+    denied = held(client)
+    body = denied.get_json()
+    assert denied.status_code == 429 and body["tier"] == "concurrent"
+    assert denied.headers["Retry-After"] == "1" and body["retry_after"] == 1
+    assert body["reset"] == math.ceil(clock.seconds + 20)
+    close_all([lost, other, denied])
+
+
+def test_a_plans_upgrade_text_is_not_offered_for_a_concurrency_denial(app: Flask) -> None:
+    """From the newcomer: a plan's ``upgrade`` text is about its rates ("Pro gives 8
+    reports a month"): a concurrency 429 offered it too. It gets the next plan with more
+    slots, or nothing."""
+    _, client = lease_app(app, MemoryStorage())
+    rates = parse_rates("100/minute")
+    text = "Pro gives 8 reports a month: see /pricing"
+    in_force(
+        app,
+        Plan("free", user_rate=rates, resources={"slow": rates}, concurrent=1, upgrade=text),
+        Plan("pro", user_rate=rates, concurrent=8),
+    )
+    first = held(client, "/other")
+    denied = held(client, "/other")
+    assert denied.get_json()["upgrade"] == "Pro raises this to 8 in flight: see /pricing"
+    first.close()
+    in_force(app, Plan("free", user_rate=rates, upgrade=text), Plan("pro", user_rate=rates))
+    streams = [held(client), held(client), held(client)]  # the limit's own concurrent=2
+    assert streams[2].status_code == 429 and streams[2].get_json()["upgrade"] is None
+    close_all([denied, *streams])
 
 
 @pytest.mark.quiet

@@ -39,7 +39,9 @@ __all__ = [
 
 RETRY_US = US
 """A denied lease's wait: a slot frees when any request in flight ends, which nothing
-predicts; one second is the shortest whole ``Retry-After``."""
+predicts; one second is the shortest whole ``Retry-After``. (The storage cannot tell a
+holder that died from one still working: the oldest lease's expiry, the latest moment a
+slot is sure to be free, is the denial's ``reset`` instead.)"""
 
 Leases = tuple[tuple[int, str], ...]
 """A lease set's state in memory: (expires_at_us, member) of each slot held."""
@@ -78,7 +80,8 @@ def lease_step(state: Leases | None, now: int, rate: Rate, cost: int, member: st
     live = tuple(e for e in state if e[0] > now) if state else ()
     held, limit = len(live), rate.limit
     if held + cost > limit:
-        return Step(False, limit, 0, now + RETRY_US, RETRY_US, None, 0)
+        sure = min(e[0] for e in live) if live else now + RETRY_US  # the oldest's expiry
+        return Step(False, limit, 0, sure, RETRY_US, None, 0)
     if cost == 0:
         return Step(True, limit, limit - held, now, 0, None, 0)
     ttl = rate.window_us
@@ -94,12 +97,13 @@ def release(state: Leases | None, now: int, member: str) -> tuple[Leases | None,
 
 
 def upgrade_hint(catalog: PlanCatalog, plan: str, *, of_plan: bool) -> str | None:
-    """The 429's ``upgrade`` for a concurrency denial: the plan's own text, else (for a
-    plan's limit, ``of_plan``) the next plan that allows more in flight. A limit's
-    ``concurrent=`` is the same on every plan, so only the plan's own text is offered."""
+    """The 429's ``upgrade`` for a concurrency denial: for a plan's limit (``of_plan``)
+    the next plan that allows more in flight. A limit's ``concurrent=`` is the same on
+    every plan, so none is offered; nor the plan's own ``upgrade`` text, which is about
+    its rates."""
     current = catalog.get(plan)
-    if current is None or current.upgrade or not of_plan:
-        return current.upgrade if current is not None else None
+    if current is None or not of_plan:
+        return None
     mine = current.concurrent or 0
     later = list(catalog)[list(catalog).index(plan) + 1 :]
     for name in later:

@@ -12,7 +12,14 @@ end
 local function lease_gate(key, now, limit, window, cost)
   local set, member = lease_parts(key)
   local held = redis.call('ZCOUNT', set, '(' .. fmt(now), '+inf') -- live members only
-  if held + cost > limit then return 0, 0, now + RETRY_US, RETRY_US end
+  if held + cost > limit then
+    -- Reset: the oldest live lease's expiry, when a slot is sure to be free.
+    local oldest = redis.call('ZRANGEBYSCORE', set, '(' .. fmt(now), '+inf', 'LIMIT', 0, 1,
+                              'WITHSCORES')
+    local sure = now + RETRY_US
+    if oldest[2] then sure = tonumber(oldest[2]) end
+    return 0, 0, sure, RETRY_US
+  end
   if cost == 0 then return 1, limit - held, now, 0 end
   return 1, limit - held - 1, now, 0, function()
     redis.call('ZREMRANGEBYSCORE', set, '-inf', fmt(now)) -- the expired go first
