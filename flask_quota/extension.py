@@ -37,7 +37,7 @@ from .core.limited import Limited, limited_spec
 from .core.observers import combined
 from .core.policy import Decision, LimitSpec, Policy, TierResult
 from .core.rates import Rate, Rates, parse_rates
-from .core.status import caller_status
+from .core.status import caller_status, status_budget
 from .otel import span_observer
 from .settings import DEFAULTS, Settings, reference
 from .sql import plansync
@@ -211,7 +211,11 @@ class Quota:
         if metrics is not None and settings.metrics_url is not None:
             app.add_url_rule(settings.metrics_url, "flask_quota_metrics", _metrics_view(metrics))
         if settings.status_url is not None:
-            app.add_url_rule(settings.status_url, "flask_quota_status", self._status_view())
+            app.add_url_rule(
+                settings.status_url,
+                "flask_quota_status",
+                self._status_view(status_budget(settings.status_rate)),
+            )
         if self._api_key_loader is None:
             self._api_key_loader = _sql_api_key  # a loader registered later replaces it
         app.cli.add_command(quota_cli)
@@ -461,9 +465,10 @@ class Quota:
 
     # -- request hooks ------------------------------------------------------
 
-    def _status_view(self) -> Callable[[], Response]:
+    def _status_view(self, budget: LimitSpec) -> Callable[[], Response]:
         """The ``QUOTA_STATUS_URL`` view: the caller's own quota, charging only the global
-        tier. Exempt from the request hook: it makes its one storage call itself."""
+        tier and its own ``budget``. Exempt from the request hook: it makes its one
+        storage call itself."""
 
         @exempt
         def flask_quota_status() -> Response:
@@ -474,7 +479,9 @@ class Quota:
             facts = Facts(req.method, req.endpoint, remote_ip_tag(req.remote_addr), identity)
             enforcer, settings = state.enforcer, state.settings
             endpoints = limited_endpoints(app)
-            found = caller_status(enforcer, facts, endpoints, charge=settings.enabled)
+            found = caller_status(
+                enforcer, facts, endpoints, charge=settings.enabled, budget=budget
+            )
             response = jsonify(found.as_json())
             response.headers["Cache-Control"] = "no-store"  # one caller's, and it changes
             return response

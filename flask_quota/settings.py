@@ -16,7 +16,7 @@ from .core.algorithms import Algorithm
 from .core.calendar import Calendar
 from .core.headers import HeaderMode, header_names
 from .core.plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
-from .core.rates import ACCEPTED, MAX_WINDOW, Rate, parse_rate
+from .core.rates import ACCEPTED, MAX_WINDOW, Rate, Rates, parse_rate, parse_rates
 from .storage.breaker import DEFAULT_THRESHOLD
 from .storage.prefetch import MAX_FRACTION
 
@@ -67,6 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_SHADOW": False,  # every tier is decided and recorded, nothing is denied
     "QUOTA_PLANS_SOURCE": "database",  # or "config": QUOTA_PLANS is applied to SQL at start
     "QUOTA_STATUS_URL": None,  # e.g. "/rate_limit": the caller's own quota as JSON
+    "QUOTA_STATUS_RATE": "60/minute",  # each caller's own budget for QUOTA_STATUS_URL
     "QUOTA_NEAR_LIMIT": 0.8,  # share of a bucket used that fires signals.quota_near_limit
     "QUOTA_TIMEZONE": "UTC",  # N/month and N/year windows follow this zone's calendar
     "QUOTA_LEASE_SECONDS": 60,  # a concurrency lease no one gave back expires after this
@@ -150,7 +151,14 @@ DOCS["QUOTA_PLANS_SOURCE"] = (
 DOCS["QUOTA_STATUS_URL"] = (
     "Path of the caller's own quota, e.g. ``/rate_limit``: ``GET`` answers the calling API "
     "key or identity (else IP) with its plan, tenant and every bucket that applies to it, "
-    "as JSON, charging only the ``global`` tier; ``None``: not served."
+    "as JSON, charging only the ``global`` tier and its own budget (``QUOTA_STATUS_RATE``); "
+    "``None``: not served."
+)
+DOCS["QUOTA_STATUS_RATE"] = (
+    "Each caller's own budget for ``QUOTA_STATUS_URL`` (per API key or identity, else IP), "
+    "decided with the ``global`` tier in the status call's one storage call; a plan's "
+    "``quota_status`` resource wins over it. Bounds what one caller's status reads cost "
+    "the storage (past it the deny cache answers)."
 )
 DOCS["QUOTA_NEAR_LIMIT"] = (
     "Share of a bucket (between 0 and 1) whose crossing fires ``signals.quota_near_limit`` "
@@ -233,6 +241,7 @@ class Settings:
     plans_source: PlansSource = PlansSource.DATABASE
     plans_configured: bool = False  # QUOTA_PLANS was given (not the built-in plans)
     status_url: str | None = None
+    status_rate: Rates = field(default_factory=lambda: parse_rates("60/minute"))
     near_limit: float | None = 0.8
     calendar: Calendar = field(default_factory=Calendar)  # QUOTA_TIMEZONE, QUOTA_BILLING_DAY
     header_names: Mapping[str, str] | None = None  # QUOTA_HEADER_NAMES; None: the usual ones
@@ -291,6 +300,7 @@ class Settings:
             plans_source=_choice(get, "QUOTA_PLANS_SOURCE", PlansSource),
             plans_configured=bool(raw_plans),
             status_url=_path(get, "QUOTA_STATUS_URL", "/rate_limit"),
+            status_rate=_rates(get, "QUOTA_STATUS_RATE"),
             near_limit=_share(get, "QUOTA_NEAR_LIMIT"),
             calendar=_calendar(get),
             header_names=header_names(get["QUOTA_HEADER_NAMES"]),
@@ -453,6 +463,17 @@ def _block_after(get: dict[str, Any], key: str) -> Rate | None:
             f"{rate.calendar}; use e.g. '20/minute' or '500/day'"
         )
     return rate
+
+
+def _rates(get: dict[str, Any], key: str) -> Rates:
+    """One rate or several, comma-separated (``"60/minute, 1000/day"``)."""
+    value = get[key]
+    try:
+        return parse_rates(value)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"{key}={value!r} is not a rate; use e.g. '60/minute'; {ACCEPTED}"
+        ) from None
 
 
 def _whole_seconds(get: dict[str, Any], key: str) -> int:

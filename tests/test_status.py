@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,8 @@ def test_status_reads_without_charging_but_the_global_tier(
 ) -> None:
     """After one request to `search` (user 10/minute, search 4/minute, plan pro), five
     GET /rate_limit all answer 200 with user 9 and search 3 left, plan "pro"; only the
-    global tier counts them (on memory and on a real Redis behind the deny cache)."""
+    global tier and the status's own budget (listed last) count them (on memory and on a
+    real Redis behind the deny cache)."""
     config: dict[str, Any] = {}
     if backend == "redis":
         config["QUOTA_STORAGE_URL"] = request.getfixturevalue("own_redis").url
@@ -81,6 +83,8 @@ def test_status_reads_without_charging_but_the_global_tier(
          "remaining": 9, "reset": body["limits"][1]["reset"], "window": 60},
         {"tier": "endpoint", "resource": "search", "policy": "search", "limit": 4,
          "remaining": 3, "reset": body["limits"][2]["reset"], "window": 60},
+        {"tier": "endpoint", "resource": "quota_status", "policy": "quota_status", "limit": 60,
+         "remaining": 55, "reset": body["limits"][3]["reset"], "window": 60},
     ]  # fmt: skip
     assert all(0 < row["reset"] <= 60 for row in body["limits"])
     # The search bucket was not touched by the status reads: three more searches pass.
@@ -94,7 +98,8 @@ def test_with_enforcement_off_nothing_is_charged(app: Flask) -> None:
     http, _ = status_app(app, storage=MemoryStorage(FrozenClock()), QUOTA_ENABLED=False)
     for _ in range(5):
         body = http.get("/rate_limit").get_json()
-        assert {r["policy"]: r["remaining"] for r in body["limits"]} == {"global": 3, "user": 2}
+        remaining = {r["policy"]: r["remaining"] for r in body["limits"]}
+        assert remaining == {"global": 3, "user": 2, "quota_status": 60}
 
 
 def test_an_anonymous_caller_is_answered_by_its_address(app: Flask) -> None:
@@ -103,7 +108,8 @@ def test_an_anonymous_caller_is_answered_by_its_address(app: Flask) -> None:
     http.get("/items", environ_base={"REMOTE_ADDR": "192.0.2.7"})
     body = http.get("/rate_limit", environ_base={"REMOTE_ADDR": "192.0.2.7"}).get_json()
     assert body["plan"] == "free"
-    assert {r["policy"]: r["remaining"] for r in body["limits"]} == {"global": 1, "user": 1}
+    remaining = {r["policy"]: r["remaining"] for r in body["limits"]}
+    assert remaining == {"global": 1, "user": 1, "quota_status": 59}
 
 
 def test_the_status_request_is_refused_when_the_global_tier_is_spent(app: Flask) -> None:
@@ -282,3 +288,60 @@ def test_status_shows_requests_in_flight(
 
 def inflight_rows(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return [row for row in rows.values() if row["tier"] == "concurrent"]
+
+
+def test_the_status_has_a_budget_of_its_own_per_caller(app: Flask) -> None:
+    """Found in review: with a plan without a global tier (the setup the Flask-Limiter
+    guide recommends) 300 of 300 status calls were answered. It has a budget of its own
+    per caller (``QUOTA_STATUS_RATE``, a plan's ``quota_status`` resource wins), decided
+    with the global tier in its one storage call."""
+    http, _ = status_app(
+        app, storage=MemoryStorage(FrozenClock()), QUOTA_PLANS={"free": {}},
+        QUOTA_STATUS_RATE="5/minute",
+    )  # fmt: skip
+    codes = Counter(http.get("/rate_limit").status_code for _ in range(300))
+    assert codes == {200: 5, 429: 295}
+    denied = http.get("/rate_limit").get_json()
+    assert (denied["tier"], denied["resource"]) == ("endpoint", "quota_status")
+    other = http.get("/rate_limit", environ_base={"REMOTE_ADDR": "192.0.2.9"})
+    assert other.status_code == 200  # another caller, its own budget
+    assert by_policy(other.get_json())["quota_status"]["remaining"] == 4
+
+
+def test_a_plan_sets_the_status_budget_and_the_default_is_sixty_a_minute(app: Flask) -> None:
+    http, _ = status_app(
+        app, storage=MemoryStorage(FrozenClock()),
+        QUOTA_PLANS={"free": {"resources": {"quota_status": "2/minute"}}, "pro": {}},
+    )  # fmt: skip
+    assert [http.get("/rate_limit").status_code for _ in range(3)] == [200, 200, 429]
+    keyed = Counter(
+        http.get("/rate_limit", headers={"X-API-Key": KEY}).status_code for _ in range(70)
+    )
+    assert keyed == {200: 60, 429: 10}  # pro has no quota_status: QUOTA_STATUS_RATE
+
+
+@pytest.mark.redis
+def test_status_calls_past_the_budget_cost_redis_nothing(own_redis: Any, tmp_path: Path) -> None:
+    """Found in review: with 20 sliding-log endpoints a status call cost 5.9 ms of Redis
+    time, and nothing bounded how often one caller made it. Past its budget a caller's
+    status calls are answered by the deny cache: 300 calls, at most 61 reach Redis."""
+    app = Flask(__name__, instance_path=str(tmp_path))
+    app.config.update(
+        QUOTA_STORAGE_URL=own_redis.url, QUOTA_DATABASE_URL="sqlite://",
+        QUOTA_STATUS_URL="/rate_limit", QUOTA_ALGORITHM="sliding_window_log",
+        QUOTA_PLANS={"free": {"user": "1000/minute"}},
+    )  # fmt: skip
+    quota = Quota(app)
+    for i in range(20):
+        app.add_url_rule(f"/e{i}", f"e{i}", quota.limit("1000/minute")(lambda: "ok"))
+    http = app.test_client()
+    for i in range(20):
+        assert http.get(f"/e{i}").status_code == 200
+    with own_redis.client() as client:
+        client.config_resetstat()
+    codes = Counter(http.get("/rate_limit").status_code for _ in range(300))
+    with own_redis.client() as client:
+        stats = client.info("commandstats")
+    calls = sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("fcall", "evalsha"))
+    assert codes == {200: 60, 429: 240}
+    assert calls <= 61, calls

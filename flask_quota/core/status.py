@@ -1,12 +1,13 @@
 """A caller's own quota (``QUOTA_STATUS_URL``): every bucket of it, in one storage call.
 
-The call charges the status request on the ``global`` tier, as any request is,
-and reads every other bucket of the caller (its user tier and each limited
-endpoint's) as cost-0 shadow checks: decided like the rest, so what they say is
-exactly what a ``peek`` says, but a shadow check never denies and a cost of 0
-takes nothing. So the answer comes from the same snapshot (plans and overrides
-through the enforcer) and the same storage (deny cache, breaker and fail mode
-through its guard) as enforcement, and costs one round trip.
+The call charges the status request on the ``global`` tier, as any request is, and
+on its own budget (``QUOTA_STATUS_RATE``: an endpoint tier of the resource
+``quota_status``, per caller, which a plan may rate), and reads every other bucket
+of the caller (its user tier and each limited endpoint's) as cost-0 shadow checks:
+decided like the rest, so what they say is exactly what a ``peek`` says, but a shadow
+check never denies and a cost of 0 takes nothing. So the answer comes from the same
+snapshot (plans and overrides through the enforcer) and the same storage (deny cache,
+breaker and fail mode through its guard) as enforcement, and costs one round trip.
 """
 
 from __future__ import annotations
@@ -21,12 +22,19 @@ from .clock import seconds_until
 from .enforcer import Enforcer, Facts
 from .errors import QuotaExceeded, QuotaUnavailable
 from .policy import Decision, LimitSpec, TierCheck, TierResult, gate_check, on_billing_day
+from .rates import Rates
 from .reply import LocalReply
 from .tiers import Tier
 
-__all__ = ["BucketStatus", "CallerStatus", "caller_status"]
+__all__ = ["STATUS_RESOURCE", "BucketStatus", "CallerStatus", "caller_status", "status_budget"]
 
 _PER_ENDPOINT = (Tier.ENDPOINT, Tier.CONCURRENT)
+STATUS_RESOURCE = "quota_status"  # the status budget's resource: a plan may rate it
+
+
+def status_budget(rates: Rates) -> LimitSpec:
+    """The status budget as a limit (``QUOTA_STATUS_RATE``): one bucket per caller."""
+    return LimitSpec(rates, STATUS_RESOURCE, 1, per_method=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +82,12 @@ def caller_status(
     endpoints: Sequence[tuple[str, str, LimitSpec]],
     *,
     charge: bool = True,
+    budget: LimitSpec | None = None,
 ) -> CallerStatus:
     """The status of ``facts``' caller over the app's limited ``endpoints`` ((method,
     resource, spec), as ``state.limited_endpoints`` lists them); ``charge=False``
-    (enforcement switched off) reads the global tier too.
+    (enforcement switched off) reads the global tier too. ``budget`` (``status_budget``)
+    is charged with the global tier.
 
     Raises as ``Enforcer.decide`` does: ``QuotaExceeded`` when the global tier denies
     the status request itself (``CallerBlocked`` for a blocked caller), and
@@ -93,6 +103,7 @@ def caller_status(
     )  # fmt: skip
     charged = [t for t in own if t.tier is Tier.GLOBAL] if charge else []
     read = [t for t in own if t.tier is not Tier.GLOBAL or not charge]
+    spent = [] if budget is None else policy.endpoint_tier(plan, tag, STATUS_RESOURCE, budget)
     seen = {t.check.key for t in own}
     for method, resource, spec in endpoints:
         if spec.key is not None:
@@ -111,6 +122,12 @@ def caller_status(
     if day is not None and 1 <= day <= 31:  # the caller's months start on its own day
         charged = list(on_billing_day(tuple(charged), day))
         read = list(on_billing_day(tuple(read), day))
+    # The budget is charged with the global tier (read when nothing is charged), and
+    # listed last: it is the status call's own, not one of the API's buckets.
+    if charge:
+        charged += spent
+    else:
+        read += spent
     calls = [gate_check(policy.keys, tag)]
     calls += [t.check for t in charged]
     # Read as cost-0 shadow checks: never deny, never charge (a calendar stays on).
@@ -133,14 +150,17 @@ def caller_status(
         observer.decided(decision, local=isinstance(reply, LocalReply), blocked=blocked)
     if not reply.allowed(0):
         raise enforcer.refusal(decision, reply.outcome(0, 0), keys[0])
-    if not reply.all_allowed:
+    denied = decision.denied
+    if denied is not None:
         if enforcer.events is not None:
             enforcer.events.exceeded(decision)
-        upgrade = catalog.upgrade_hint(plan.name, Tier.GLOBAL, None)
+        upgrade = catalog.upgrade_hint(plan.name, denied.tier, denied.resource)
         raise QuotaExceeded(decision, upgrade=upgrade, cost=1)
+    shown = {id(t): i + 1 for i, t in enumerate([*charged, *read])}  # its place in the reply
+    own_budget = {id(t) for t in spent}
+    listed = [t for t in [*charged, *read] if id(t) not in own_budget] + spent
     limits = tuple(
-        _bucket(t, reply.outcome(i + 1, shown_limit(t.check)), reply.now_us)
-        for i, t in enumerate([*charged, *read])
+        _bucket(t, reply.outcome(shown[id(t)], shown_limit(t.check)), reply.now_us) for t in listed
     )
     tenant = facts.identity.tenant if facts.identity is not None else None
     return CallerStatus(plan.name, tenant, limits)
