@@ -28,8 +28,9 @@ from flask_quota.core.reply import Reply
 from flask_quota.core.validators import rate_text
 from flask_quota.settings import FailMode, Settings
 from flask_quota.sql.snapshot import SqlCatalog
-from flask_quota.storage import MemoryStorage
+from flask_quota.storage import MemoryStorage, Storage, wall_clock_us
 from flask_quota.storage.breaker import CircuitBreaker
+from flask_quota.storage.cluster import ClusterStorage
 from flask_quota.storage.failover import GuardedStorage
 from flask_quota.storage.redis import SCRIPT, RedisStorage, check_args
 from flask_quota.testing import FrozenClock, test_storage
@@ -425,3 +426,56 @@ def test_a_calendar_quota_costs_one_round_trip(redis_server: Any, tmp_path: Path
         statuses.append(http.post("/infer").status_code)
         assert CountingConnection.sent - before == 1
     assert statuses == [200, 200, 429, 429]
+
+
+def _skewed_app(tmp_path: Path, url: str, name: str, days: int) -> Flask:
+    """A server on one shared Redis (or Cluster) whose own clock is ``days`` off (Redis
+    TIME decides); ``/report`` charges 1 and then ``quota.charge(1)`` (a charge script)."""
+    app = Flask(name, instance_path=str(tmp_path / name))
+    app.config.update(
+        QUOTA_PLANS={"free": {"user": "10/month", "resources": {"report": "10/month"}}},
+        QUOTA_DATABASE_URL="sqlite://",
+    )
+    off = days * 86400 * US
+    skewed = {"host_clock": lambda: wall_clock_us() + off}
+    if url.startswith("redis+cluster"):
+        storage: Storage = ClusterStorage.from_url(url, timeout=5, **skewed)
+    else:
+        storage = RedisStorage(redis.Redis.from_url(url), **skewed)
+    quota = Quota(app, storage=storage)
+
+    @app.get("/report")
+    @quota.limit(resource="report")
+    def report() -> str:
+        quota.charge(1)
+        return "ok"
+
+    return app
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(
+    ("kind", "days"),
+    [("redis", 62), ("redis", -40), ("redis", 400),
+     pytest.param("cluster", 62, marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_a_server_whose_clock_is_far_off_counts_in_the_storages_month(
+    tmp_path: Path, request: pytest.FixtureRequest, kind: str, days: int
+) -> None:
+    """Found in review: two servers sharing Redis, one clock off by +62, -40 or +400 days:
+    a 5/month quota admitted 20 of 20. The edges a server sends were around its own
+    clock and the script picked among them even when Redis TIME was outside them all.
+    Now a script whose clock is outside the edges refuses them and says its time; the
+    server moves its calendar to the storage's clock and asks again (one more round
+    trip, once)."""
+    url = _storage_url(kind, request)
+    right = _skewed_app(tmp_path, url, "right", 0).test_client()
+    wrong = _skewed_app(tmp_path, url, "wrong", days).test_client()
+    statuses = [(right, wrong)[i % 2].get("/report").status_code for i in range(20)]
+    # Each admitted request takes 1 + 1 (its charge) of the report's 10: five fit.
+    assert statuses.count(200) == 5, statuses
+    again = wrong.get("/report")
+    assert again.status_code == 429
+    now = int(wall_clock_us())
+    end = Calendar().span(MONTH, now)[1]
+    assert int(again.headers["X-RateLimit-Reset"]) == -(-end // US)  # the storage's month

@@ -47,6 +47,7 @@ from .redis import (
     LIBRARY,
     REFUND_SCRIPT,
     SCRIPT,
+    StorageTime,
     charge_args,
     decide_args,
     function_missing,
@@ -79,9 +80,16 @@ class ClusterStorage:
 
     name = "redis+cluster"
 
-    def __init__(self, connect: Callable[[], RedisCluster], *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], RedisCluster],
+        *,
+        clock: Clock | None = None,
+        host_clock: Clock = wall_clock_us,
+    ) -> None:
         self._connect = connect
         self._clock = clock
+        self._time = StorageTime(host_clock)  # calendar edges: see redis.StorageTime
         self._lock = threading.Lock()
         self._client: RedisCluster | None = None
         self._scripts: tuple[Script, Script, Script] | None = None  # decide, refund, charge
@@ -91,7 +99,14 @@ class ClusterStorage:
         self._functions = True
 
     @classmethod
-    def from_url(cls, url: str, *, timeout: float, clock: Clock | None = None) -> ClusterStorage:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        timeout: float,
+        clock: Clock | None = None,
+        host_clock: Clock = wall_clock_us,
+    ) -> ClusterStorage:
         """``redis+cluster://[user:password@]host:port[,host:port...]`` (or ``valkey+cluster://``),
         any nodes to start from."""
         parsed = parse_storage_url(url)
@@ -109,7 +124,7 @@ class ClusterStorage:
             # redirects are still followed (the command did not run).
             return RedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **options)
 
-        return cls(connect, clock=clock)
+        return cls(connect, clock=clock, host_clock=host_clock)
 
     def _connected(self) -> tuple[RedisCluster, tuple[Script, Script, Script]]:
         """The cluster client and its scripts, connecting (reading the slot map) on first use.
@@ -158,7 +173,9 @@ class ClusterStorage:
         if checks:
             client, (_, _, charge) = self._connected()
             now_arg = "" if self._clock is None else self._clock()
-            self._each_slot(client, charge, checks, lambda g: charge_args(g, now_arg))
+            self._each_slot(
+                client, charge, checks, lambda g: charge_args(g, now_arg, self._time.now_us())
+            )
 
     def _each_slot(
         self,
@@ -167,12 +184,21 @@ class ClusterStorage:
         checks: Sequence[Check],
         args_of: Callable[[list[Check]], list[Any]],
     ) -> None:
-        """Run ``script`` on every slot's checks at once; the first failure is raised."""
-        calls = []
-        for group in slot_groups(checks):
-            part = [checks[i] for i in group]
-            calls.append(([c.key for c in part], args_of(part)))
-        for reply in self._together(client, script, calls):
+        """Run ``script`` on every slot's checks at once; the first failure is raised. A
+        slot that refused calendar edges (nothing written there) is run once more, its
+        edges around the storage's time (``StorageTime``)."""
+        parts = [[checks[i] for i in group] for group in slot_groups(checks)]
+        replies = self._together(client, script, [([c.key for c in p], args_of(p)) for p in parts])
+        skewed = [
+            n
+            for n, reply in enumerate(replies)
+            if isinstance(reply, BaseException) and self._time.learn(reply)
+        ]
+        if skewed:
+            again = [([c.key for c in parts[n]], args_of(parts[n])) for n in skewed]
+            for n, reply in zip(skewed, self._together(client, script, again), strict=True):
+                replies[n] = reply
+        for reply in replies:
             if isinstance(reply, BaseException):
                 raise StorageError(f"redis cluster: {reply}") from reply
 
@@ -215,16 +241,17 @@ class ClusterStorage:
 
     # -- one request ---------------------------------------------------------
 
-    def _run(self, checks: Sequence[Check], mode: str) -> Verdict:
+    def _run(self, checks: Sequence[Check], mode: str, *, again: bool = False) -> Verdict:
         client, (decide, _, _) = self._connected()
         if not checks:
             return Verdict(self._clock() if self._clock else wall_clock_us(), ())
         groups = slot_groups(checks)
         now_arg = "" if self._clock is None else self._clock()
+        around = self._time.now_us()
         calls = []
         for group in groups:
             part = [checks[i] for i in group]
-            calls.append(([c.key for c in part], decide_args(part, mode, now_arg)))
+            calls.append(([c.key for c in part], decide_args(part, mode, now_arg, around)))
         results: list[Any] = []
         replies = self._together(client, decide, calls, function=True)
         for group, reply in zip(groups, replies, strict=True):
@@ -243,6 +270,10 @@ class ClusterStorage:
             if charged:
                 self._refund(checks, charged)
         if failed:
+            if not again and any(self._time.learn(error) for error in failed):
+                # A slot refused calendar edges around this clock (nothing was written
+                # there; the others were refunded): once more, around the storage's time.
+                return self._run(checks, mode, again=True)
             raise StorageError(f"redis cluster: {failed[0]}") from failed[0]
         return merge(checks, groups, verdicts)
 

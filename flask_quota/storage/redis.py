@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import time
 from collections.abc import Sequence
 from importlib import resources
@@ -39,6 +40,7 @@ __all__ = [
     "SCRIPT",
     "SHADOW_MARK",
     "RedisStorage",
+    "StorageTime",
     "check_args",
     "decide_args",
     "function_missing",
@@ -101,14 +103,49 @@ CALENDAR_CODE = "cw"  # a calendar window's code in the scripts' ARGV (a fixed w
 
 CHECKS_SEPARATOR = ";"  # between the checks of decide.lua's one checks argument
 
+# The scripts' refusal of calendar edges that do not hold their own clock (common.lua).
+_SKEW = re.compile(r"flask-quota: calendar skew now=(-?[0-9]+)")
 
-def decide_args(checks: Sequence[Check], mode: str, now_arg: Any) -> list[Any]:
+
+class StorageTime:
+    """The storage's clock as this machine estimates it: what calendar edges are
+    computed around (``calendar_bounds``). This machine's clock (``host``), moved by the
+    offset the storage told the last time it refused edges that did not hold its own
+    time (a server clock off by more than a month or a year: ``common.lua``). Until
+    then, and while the clocks stay within a window, no offset is needed: the script
+    picks among the edges by its own clock."""
+
+    __slots__ = ("host", "offset_us")
+
+    def __init__(self, host: Clock = wall_clock_us) -> None:
+        self.host = host
+        self.offset_us = 0
+
+    def now_us(self) -> int:
+        return self.host() + self.offset_us
+
+    def learn(self, error: BaseException) -> bool:
+        """True when ``error`` is a script refusing calendar edges: the storage's time it
+        names is learnt (the call is then made again, once)."""
+        found = _SKEW.search(str(error))
+        if found is None:
+            return False
+        self.offset_us = int(found[1]) - self.host()
+        return True
+
+
+def decide_args(
+    checks: Sequence[Check], mode: str, now_arg: Any, around_us: int | None = None
+) -> list[Any]:
     """ARGV of ``decide.lua``: one argument for every check, each check's ``check_args``
     joined by ``CHECKS_SEPARATOR``, then ``mode`` and ``now_arg`` unless they are the
     defaults (``"decide"`` on the server clock, ``""``). One argument, not one per check:
     Redis makes a Lua string of every argument of every call, and the script parses a
-    request's checks once and keeps them (see ``decide.lua``'s ``shape_of``)."""
+    request's checks once and keeps them (see ``decide.lua``'s ``shape_of``). Calendar
+    edges are around ``now_arg``'s time (tests), else ``around_us``, else this clock."""
     around = _around(now_arg)
+    if around is None:
+        around = around_us
     joined = CHECKS_SEPARATOR.join(arg for check in checks for arg in check_args(check, around))
     if mode == "decide" and now_arg == "":
         return [joined]
@@ -183,10 +220,13 @@ def released_leases(checks: Sequence[Check]) -> list[tuple[str, str]] | None:
     return found
 
 
-def charge_args(checks: Sequence[Check], now_arg: Any) -> list[Any]:
-    """ARGV of ``charge.lua``; a calendar check's window is ``calendar_bounds``."""
+def charge_args(checks: Sequence[Check], now_arg: Any, around_us: int | None = None) -> list[Any]:
+    """ARGV of ``charge.lua``; a calendar check's window is ``calendar_bounds`` (around
+    ``now_arg``'s time, else ``around_us``, else this clock)."""
     args: list[Any] = [now_arg]
     around = _around(now_arg)
+    if around is None:
+        around = around_us
     for check in checks:
         rate = check.rate
         if check.calendar is not None:
@@ -203,19 +243,27 @@ class RedisStorage:
 
     ``clock`` exists for ``flask_quota.testing`` only: production leaves it
     ``None`` so the script reads ``TIME`` on the server, the one clock every
-    web server shares.
+    web server shares. ``host_clock`` is this machine's, around which calendar
+    edges are computed (``StorageTime``; tests give a wrong one).
     """
 
     name = "redis"
 
-    def __init__(self, client: redis.Redis, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self, client: redis.Redis, *, clock: Clock | None = None, host_clock: Clock = wall_clock_us
+    ) -> None:
         self.client = client
         self._clock = clock
+        self._time = StorageTime(host_clock)
         self._script = client.register_script(SCRIPT)
         self._refund = client.register_script(REFUND_SCRIPT)
         self._charge = client.register_script(CHARGE_SCRIPT)
         self._decide = _ScriptCall(
-            client.connection_pool, self._script.sha, SCRIPT, function=(FUNCTION, LIBRARY)
+            client.connection_pool,
+            self._script.sha,
+            SCRIPT,
+            function=(FUNCTION, LIBRARY),
+            time=self._time,
         )
 
     @classmethod
@@ -241,7 +289,14 @@ class RedisStorage:
         """``decide`` on ``keys``, answered as the script's flat reply (the request path)."""
         # _call inlined: the request path's one wrapped call, with no call beneath it.
         now = b"" if self._clock is None else b"%d" % self._clock()
-        return Reply.read(self._decide(self._decide.pack("decide", now, checks, keys)), len(keys))
+        call = self._decide
+        try:
+            raw = call(call.pack("decide", now, checks, keys))
+        except redis.ResponseError as error:
+            if not self._time.learn(error):
+                raise
+            raw = call(call.pack("decide", now, checks, keys))  # edges around its time
+        return Reply.read(raw, len(keys))
 
     def peek(self, checks: Sequence[Check]) -> Verdict:
         """Answer as ``decide`` would without changing anything."""
@@ -265,9 +320,16 @@ class RedisStorage:
         self._refund(keys=[c.key for c in checks], args=args)
 
     def charge(self, checks: Sequence[Check]) -> None:
-        if checks:
-            now_arg = "" if self._clock is None else self._clock()
-            self._charge(keys=[c.key for c in checks], args=charge_args(checks, now_arg))
+        if not checks:
+            return
+        now_arg = "" if self._clock is None else self._clock()
+        keys = [c.key for c in checks]
+        try:
+            self._charge(keys=keys, args=charge_args(checks, now_arg, self._time.now_us()))
+        except redis.ResponseError as error:
+            if not self._time.learn(error):
+                raise
+            self._charge(keys=keys, args=charge_args(checks, now_arg, self._time.now_us()))
 
     def clear(self, keys: Sequence[str]) -> None:
         """Forget the state of ``keys`` (a reset)."""
@@ -303,7 +365,13 @@ class RedisStorage:
 
     def _call(self, mode: str, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
         now = b"" if self._clock is None else b"%d" % self._clock()
-        return Reply.read(self._decide(self._decide.pack(mode, now, checks, keys)), len(keys))
+        try:
+            raw = self._decide(self._decide.pack(mode, now, checks, keys))
+        except redis.ResponseError as error:
+            if not self._time.learn(error):
+                raise
+            raw = self._decide(self._decide.pack(mode, now, checks, keys))
+        return Reply.read(raw, len(keys))
 
     def usage_sink(self, prefix: str) -> UsageSink:
         """Dashboard usage in this Redis, shared by every worker (Sentinel inherits it)."""
@@ -352,9 +420,11 @@ class _ScriptCall:
         script: str,
         *,
         function: tuple[str, str] | None = None,
+        time: StorageTime | None = None,
     ) -> None:
         self._pool = pool
         self._script = script
+        self._time = time or StorageTime()
         self._idle: list[Any] = []
         self._spare: list[Any] = []  # disconnected after a failure, to connect afresh
         self._pid = os.getpid()
@@ -426,7 +496,7 @@ class _ScriptCall:
         if calendar is not None and unit is not None:
             # Encoded again only when the window moves: the calendar hands back the same
             # bounds tuple while the clock stays inside it.
-            bounds = calendar.bounds(unit, int(now) if now else wall_clock_us())
+            bounds = calendar.bounds(unit, int(now) if now else self._time.now_us())
             cached = self._calendar_args.current.get(id(check)) or self._calendar_args.recall(
                 id(check)
             )

@@ -83,11 +83,17 @@ end
 
 -- A calendar window's start and end (flask_quota.core.calendar): of the windows whose
 -- edges are "prev:start:end:next", the one now falls in. The client computed them
--- around its own clock; the server's picks, so no time zone is known in Lua.
+-- around its estimate of the server's clock; the server's picks, so no time zone is
+-- known in Lua. A server clock outside all three windows (a client clock far off) is
+-- refused with the server's time, before anything is written: the client moves its
+-- estimate there and asks again (flask_quota.storage.redis.StorageTime).
 local function calendar_span(bounds, now)
   local b0, b1, b2, b3 = string.match(bounds, '^(-?%d+):(-?%d+):(-?%d+):(-?%d+)$')
-  b1, b2 = tonumber(b1), tonumber(b2)
-  if now < b1 then return tonumber(b0), b1 end
+  b0, b1, b2, b3 = tonumber(b0), tonumber(b1), tonumber(b2), tonumber(b3)
+  if now < b0 or now >= b3 then
+    error({err = 'flask-quota: calendar skew now=' .. fmt(now)})
+  end
+  if now < b1 then return b0, b1 end
   if now < b2 then return b1, b2 end
-  return b2, tonumber(b3)
+  return b2, b3
 end
