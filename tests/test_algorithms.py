@@ -149,3 +149,38 @@ def test_cost_above_limit_never_passes(backend: Backend, algorithm: Algorithm) -
     outcome = hit(storage, algorithm, "3/minute", cost=4)
     assert not outcome.allowed
     assert 0 < outcome.retry_after_us <= 120 * S
+
+
+def test_a_storage_clock_stepping_back_costs_a_token_bucket_at_most_a_refill(
+    backend: Backend,
+) -> None:
+    """Found in review: the storage's clock stepping back an hour locked token-bucket
+    callers out for the hour (0 of the next 8 admitted, ``Retry-After`` 3588), the
+    bucket's time being an hour ahead. A bucket's time is at most one refill (its
+    capacity's worth) ahead of the clock it was written by: one further ahead can only
+    mean the clock went back, and reads as an empty bucket. So a step back costs at
+    most one refill (here 60 s of a 10/minute bucket), however long the step."""
+    storage, clock = backend
+    rate = "10/minute"
+    assert [hit(storage, Algorithm.TOKEN_BUCKET, rate).allowed for _ in range(3)] == [True] * 3
+    clock.now_us -= 3600 * S  # the storage's clock steps back an hour
+    denied = hit(storage, Algorithm.TOKEN_BUCKET, rate)
+    assert not denied.allowed and denied.retry_after_us <= 6 * S  # one token: 6 s
+    clock.advance(6)
+    assert hit(storage, Algorithm.TOKEN_BUCKET, rate).allowed
+    clock.advance(60)
+    assert [hit(storage, Algorithm.TOKEN_BUCKET, rate).allowed for _ in range(10)] == [True] * 10
+
+
+def test_a_debt_survives_the_clock_stepping_back(backend: Backend) -> None:
+    """A charge may put a bucket further ahead than a refill (``quota.charge``, into
+    debt): that debt is kept as it stood when charged if the clock then steps back,
+    neither lost nor made an hour longer."""
+    storage, clock = backend
+    check = Check("k", Algorithm.TOKEN_BUCKET, parse_rate("10/minute"), 40)
+    storage.charge([check])  # 40 units on a 10-unit bucket: 30 in debt, 240 s to wait
+    clock.now_us -= 3600 * S
+    denied = hit(storage, Algorithm.TOKEN_BUCKET, "10/minute")
+    assert not denied.allowed and 180 * S < denied.retry_after_us <= 186 * S
+    clock.advance(186)
+    assert hit(storage, Algorithm.TOKEN_BUCKET, "10/minute").allowed

@@ -14,7 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .algorithms import Algorithm, counter_counts, counter_reset
+from .algorithms import (
+    Algorithm,
+    BucketState,
+    bucket_state,
+    bucket_tat,
+    counter_counts,
+    counter_reset,
+)
 from .rates import Rate
 
 __all__ = ["CHARGES", "REFUNDS", "Change", "charge_window", "refund_window"]
@@ -29,17 +36,21 @@ class Change:
 
 
 def refund_bucket(
-    tat: int | None, now: int, rate: Rate, cost: int, charged_at: int
+    state: BucketState | None, now: int, rate: Rate, cost: int, charged_at: int
 ) -> Change | None:
     """GCRA cannot be undone exactly once others charged: take back the charge minus
     the time since it was made, an upper bound that never over-credits."""
+    tau = rate.capacity * rate.interval_us
+    tat = bucket_tat(state, now, tau)
     if tat is None or tat <= now:
         return None  # full again: the charge is gone
     credit = cost * rate.interval_us - (now - charged_at)
     if credit <= 0:
         return None
     new_tat = tat - credit
-    return Change(new_tat, new_tat - now) if new_tat > now else Change(None, None)
+    if new_tat <= now:
+        return Change(None, None)
+    return Change(bucket_state(new_tat, now, tau), new_tat - now)
 
 
 def refund_fixed(
@@ -89,11 +100,16 @@ def refund_counter(
     return Change((start, prev, cur) if prev or cur else None, None)
 
 
-def charge_bucket(tat: int | None, now: int, rate: Rate, cost: int) -> Change:
-    """The TAT moves forward by ``cost`` tokens, past the bucket's depth if need be."""
+def charge_bucket(state: BucketState | None, now: int, rate: Rate, cost: int) -> Change:
+    """The TAT moves forward by ``cost`` tokens, past the bucket's depth if need be (a
+    debt, stored with the time it was charged: ``algorithms.bucket_state``)."""
+    tau = rate.capacity * rate.interval_us
+    tat = bucket_tat(state, now, tau)
     base = now if tat is None or tat < now else tat
     new_tat = base + cost * rate.interval_us
-    return Change(new_tat, new_tat - now) if new_tat > now else Change(None, None)
+    if new_tat <= now:
+        return Change(None, None)
+    return Change(bucket_state(new_tat, now, tau), new_tat - now)
 
 
 def charge_fixed(state: tuple[int, int] | None, now: int, rate: Rate, cost: int) -> Change:

@@ -29,6 +29,8 @@ __all__ = [
     "block_gate",
     "bound_debt",
     "bucket_ceiling",
+    "bucket_state",
+    "bucket_tat",
     "charged_units",
     "counter_counts",
     "counter_reset",
@@ -104,7 +106,11 @@ class Outcome(NamedTuple):
 
 class Step(NamedTuple):
     """An ``Outcome``'s fields, then the state to store if every tier allows and how
-    long it matters (its TTL; 0: nothing to store). Flat, so a step is one tuple."""
+    long it matters (its TTL; 0: nothing to store). Flat, so a step is one tuple.
+
+    A denied step stores nothing, but for a TTL above 0: a state repaired on reading
+    (a token bucket read through a clock that stepped back), stored whatever the
+    decision, since it charges nothing."""
 
     allowed: bool
     limit: int
@@ -143,25 +149,72 @@ def unfit(algorithm: Algorithm, rate: Rate) -> str | None:
     return None
 
 
-def token_bucket(tat: int | None, now: int, rate: Rate, cost: int) -> Step:
+BucketState = int | tuple[int, int]
+"""A token bucket's stored state: its TAT, or ``(tat, written)`` for a bucket a charge
+put into debt (``bucket_state``)."""
+
+
+def bucket_state(tat: int, now: int, tau: int) -> BucketState:
+    """What to store for a bucket whose TAT is ``tat``, written at ``now``.
+
+    A TAT is at most ``tau`` (a full refill) ahead of the clock that wrote it, but for
+    a charge into debt: such a state keeps the time it was written, ``(tat, now)``, so
+    that a reader can tell debt from its own clock having stepped back (``bucket_tat``).
+    """
+    return (tat, now) if tat - now > tau else tat
+
+
+def bucket_tat(state: BucketState | None, now: int, tau: int) -> int | None:
+    """The TAT of a stored bucket state, read at ``now``: a state further ahead than it
+    could have been written means the storage's clock stepped back since, which then
+    costs at most a refill. A plain TAT more than ``tau`` ahead reads as an empty bucket
+    (``now + tau``); a debt keeps what was owed when it was charged."""
+    if state is None:
+        return None
+    if type(state) is int:
+        return now + tau if state - now > tau else state
+    tat, written = state  # type: ignore[misc]
+    return tat - (written - now) if now < written else tat
+
+
+def _stepped_back(state: BucketState, now: int, tau: int) -> bool:
+    """True when ``state`` was written by a clock ahead of ``now`` (see ``bucket_tat``)."""
+    if type(state) is int:
+        return state - now > tau
+    return now < state[1]  # type: ignore[index]
+
+
+def token_bucket(state: BucketState | None, now: int, rate: Rate, cost: int) -> Step:
     """GCRA: the state is one "theoretical arrival time" (TAT) per key.
 
     One token is worth ``interval`` microseconds; the bucket is full when
     ``tat <= now`` and empty when ``tat - now == tau`` (capacity * interval).
+    The state is read by ``bucket_tat`` (a clock that stepped back costs at most a
+    refill); what it stores is a plain TAT, at most ``tau`` ahead.
     """
     interval = rate.interval_us
     tau = rate.capacity * interval
+    repair, repair_ttl = state, 0  # what a denial stores: nothing (TTL 0)
+    if state is None or (type(state) is int and state - now <= tau):
+        tat = state  # a plain TAT within a refill of now (nearly always): no call
+    else:
+        tat = bucket_tat(state, now, tau)
+        assert tat is not None
+        if _stepped_back(state, now, tau):
+            # Read through a clock that stepped back: even a denial stores the reading,
+            # which charges nothing, so the step is paid once, not at every read.
+            repair, repair_ttl = bucket_state(tat, now, tau), tat - now
     base = now if tat is None or tat < now else tat
     if cost > rate.capacity:  # never fits, however long the caller waits: say one window
         remaining = (tau - (base - now)) // interval
-        return _step((False, rate.capacity, remaining, base, rate.window_us, tat, 0))
+        return _step((False, rate.capacity, remaining, base, rate.window_us, repair, repair_ttl))
     new_tat = base + cost * interval
     if new_tat - now <= tau:
         remaining = (tau - (new_tat - now)) // interval
         return _step((True, rate.capacity, remaining, new_tat, 0, new_tat, new_tat - now))
     remaining = (tau - (base - now)) // interval
     retry = new_tat - tau - now
-    return _step((False, rate.capacity, remaining, base, retry, tat, 0))
+    return _step((False, rate.capacity, remaining, base, retry, repair, repair_ttl))
 
 
 def fixed_window(state: tuple[int, int] | None, now: int, rate: Rate, cost: int) -> Step:
@@ -313,7 +366,12 @@ def bound_debt(
     """
     if algorithm is Algorithm.TOKEN_BUCKET:
         ceiling = bucket_ceiling(rate, now)
-        return (ceiling, ceiling - now) if state > ceiling else (state, ttl_us)
+        tau = rate.capacity * rate.interval_us
+        tat = bucket_tat(state, now, tau)
+        assert tat is not None
+        if tat > ceiling:
+            return bucket_state(ceiling, now, tau), ceiling - now
+        return state, ttl_us
     if algorithm is Algorithm.FIXED_WINDOW:
         start, count = state
         return (start, min(count, rate.limit + MAX_LIMIT)), ttl_us

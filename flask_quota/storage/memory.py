@@ -197,9 +197,12 @@ class MemoryStorage:
                 if allowed:  # a shadow check that would deny is not charged
                     if ttl > 0 or entry is not None:  # else: nothing stored, nothing to drop
                         writes.append((key, state, ttl))
-                elif not shadow:
-                    reply.deny_all()
-                    admitted = False
+                else:
+                    if ttl > 0 and commit:  # a repair, not a charge (see ``Step``)
+                        self._store(key, state, ttl, now)
+                    if not shadow:
+                        reply.deny_all()
+                        admitted = False
             if commit and admitted:
                 slots = self._slots
                 for key, state, ttl in writes:

@@ -12,12 +12,13 @@ local MAX_DEBT = 31622400000000 -- algorithms.MAX_DEBT_US: 366 days past empty
 local MAX_OVER = 1000000000000 -- rates.MAX_LIMIT: units a counter holds past its limit
 
 local function charge_bucket(key, limit, window, capacity, cost)
-  local tat = tonumber(redis.call('GET', key))
+  local interval = math.floor(window / limit)
+  local tau = capacity * interval
+  local tat = bucket_tat(redis.call('GET', key), now, tau)
   local base = now
   if tat ~= nil and tat > now then base = tat end
-  local interval = math.floor(window / limit)
-  local new_tat = math.min(base + cost * interval, now + capacity * interval + MAX_DEBT)
-  put(key, fmt(new_tat), new_tat - now)
+  local new_tat = math.min(base + cost * interval, now + tau + MAX_DEBT)
+  put(key, bucket_state(new_tat, now, tau), new_tat - now)
 end
 
 local function charge_fixed(key, limit, window, capacity, cost)

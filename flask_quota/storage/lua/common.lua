@@ -49,6 +49,30 @@ local function script_now(arg)
   return now
 end
 
+-- A token bucket's TAT from its stored state raw (false when absent), read at now, and
+-- what to store for a TAT written at now. Mirrors flask_quota.core.algorithms'
+-- bucket_tat and bucket_state: a plain TAT is at most tau (a refill) ahead of the clock
+-- that wrote it; a debt is stored as "tat:written". One further ahead than it could have
+-- been written means the server's clock stepped back: a plain TAT then reads as an empty
+-- bucket, a debt as it stood when charged.
+local function bucket_tat(raw, now, tau)
+  if not raw then return nil end
+  local tat = tonumber(raw)
+  if tat then
+    if tat - now > tau then return now + tau end
+    return tat
+  end
+  local t, w = string.match(raw, '^(%d+):(%d+)$')
+  tat, w = tonumber(t), tonumber(w)
+  if tat and now < w then return tat - (w - now) end
+  return tat
+end
+
+local function bucket_state(tat, now, tau)
+  if tat - now > tau then return fmt(tat) .. ':' .. fmt(now) end
+  return fmt(tat)
+end
+
 -- A fixed window's count if its stored state raw ("start:count"; false when the key
 -- is absent) holds the window starting at start. decide.lua reads every string state
 -- of a request in one MGET and hands each algorithm its raw value.

@@ -130,6 +130,11 @@ local function decide(KEYS, ARGV)
         end
       end
       if not spec[2] then reply[2] = 0 end
+      -- A denial writes nothing, but a state repaired on reading (a token bucket read
+      -- through a clock that stepped back), which charges nothing: see token_bucket.lua.
+      if state and ARGV[2] ~= 'peek' then
+        call('SET', key, state, 'PX', format('%d', ceil(ttl / 1000)))
+      end
     -- A shadow check that would deny is not charged. Only what changed is written: a
     -- state equal to the stored one keeps its key (and its expiry, which the state
     -- fixes), and an empty state of an absent key has nothing to delete.

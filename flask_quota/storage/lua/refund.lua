@@ -16,13 +16,14 @@ local now = script_now(ARGV[1])
 -- exist once others have charged. Subtracting the charge minus the time since it
 -- was made is an upper bound of the state without our charge: never over-credit.
 local function refund_bucket(key, limit, window, capacity, cost, charged_at)
-  local tat = tonumber(redis.call('GET', key))
-  if tat == nil or tat <= now then return 0 end -- full again: the charge is gone
   local interval = math.floor(window / limit)
+  local tau = capacity * interval
+  local tat = bucket_tat(redis.call('GET', key), now, tau)
+  if tat == nil or tat <= now then return 0 end -- full again: the charge is gone
   local credit = cost * interval - (now - charged_at)
   if credit <= 0 then return 0 end
   local new_tat = tat - credit
-  put(key, fmt(new_tat), new_tat - now)
+  put(key, bucket_state(new_tat, now, tau), new_tat - now)
   return 1
 end
 
