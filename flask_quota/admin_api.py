@@ -30,7 +30,7 @@ from .sql.errors import (
 )
 from .sql.inputs import parse_duration
 from .sql.models import Client
-from .state import QuotaState, exempt, get_state, limited_endpoints
+from .state import QuotaState, get_state
 from .storage import Check, MemoryStorage, Storage, StorageError
 from .storage.usage import HOUR, SHADOW_DENIED, Mark, MinuteUsage
 from .tools.blocks import block, list_blocks, unblock
@@ -45,6 +45,7 @@ from .tools.inspection import (
     reset,
     tenant_checks,
 )
+from .views import exempt, limited_endpoints
 
 __all__ = [
     "HOUR",

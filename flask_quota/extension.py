@@ -43,7 +43,7 @@ from .settings import DEFAULTS, Settings, reference
 from .sql import plansync
 from .sql.errors import KeysUnavailable
 from .sql.store import SqlStore
-from .state import QuotaState, add_limit, exempt, get_state, limited_endpoints
+from .state import QuotaState, get_state
 from .storage import Storage, storage_from_url
 from .storage.breaker import CircuitBreaker
 from .storage.denycache import DenyCache
@@ -52,6 +52,7 @@ from .storage.prefetch import Prefetch
 from .tools import blocks, inspection
 from .tools.blocks import Block
 from .tools.usage import UsageRecorder, usage_sink
+from .views import add_limit, exempt, limited_endpoints
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
@@ -478,7 +479,7 @@ class Quota:
             identity = self._identify(state.settings, req)
             facts = Facts(req.method, req.endpoint, remote_ip_tag(req.remote_addr), identity)
             enforcer, settings = state.enforcer, state.settings
-            endpoints = limited_endpoints(app)
+            endpoints = limited_endpoints(app, state.views)
             found = caller_status(
                 enforcer, facts, endpoints, charge=settings.enabled, budget=budget
             )
@@ -512,10 +513,12 @@ class Quota:
             spec: LimitSpec | None = None
             specs: tuple[LimitSpec, ...] = ()
             if endpoint is not None:
-                exempt, specs = state.views.get(endpoint) or state.view_limit(
-                    current_app._get_current_object(),  # type: ignore[attr-defined]
-                    endpoint,
-                )
+                resolved = state.views.get(endpoint)
+                if isinstance(resolved, tuple):  # one answer for every method (the usual)
+                    exempt, specs = resolved
+                else:  # not resolved yet, or per method (a class-based view's)
+                    app = current_app._get_current_object()  # type: ignore[attr-defined]
+                    exempt, specs = state.view_limit(app, endpoint, method)
                 if exempt:
                     return
                 if len(specs) == 1:  # the usual case: one limit
@@ -596,7 +599,7 @@ def _limited_view(what: str) -> None:
     """Refuse ``what`` (``quota.charge()``, ``quota.settle()``) outside a limited view."""
     endpoint = request.endpoint
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
-    if endpoint is None or not get_state(app).view_limit(app, endpoint)[1]:
+    if endpoint is None or not get_state(app).view_limit(app, endpoint, request.method)[1]:
         raise RuntimeError(
             f"{what} in {endpoint!r}, which has no @quota.limit: there is no "
             "endpoint tier to charge; decorate the view with @quota.limit(...)"

@@ -198,7 +198,7 @@ def test_the_tool_takes_several_limits_per_endpoint_and_their_concurrency() -> N
         LimitSpec(parse_rates("100/day"), "daily", 1),
     )
 
-    def limits_of(endpoint: str) -> tuple[str | None, tuple[LimitSpec, ...]]:
+    def limits_of(endpoint: str, method: str) -> tuple[str | None, tuple[LimitSpec, ...]]:
         return None, specs
 
     rows = route_rows([_Rule("/e", "e", {"GET", "HEAD", "OPTIONS"})], limits_of, catalog)

@@ -16,8 +16,9 @@ from ..core.plans import PlanCatalog
 from ..core.policy import LimitSpec
 from ..sql.errors import TablesMissing
 from ..sql.store import DEFAULT_DATABASE_FILE
-from ..state import EXEMPT_ATTR, QuotaState
+from ..state import QuotaState
 from ..tools.routes import LimitsOf, as_json, plan_tiers, route_rows
+from ..views import EXEMPT_ATTR
 from .common import app_state, table
 
 __all__ = ["routes"]
@@ -98,22 +99,26 @@ def _keeps_tables(app: Flask, state: QuotaState) -> bool:
 
 
 def _limits_of(app: Flask, state: QuotaState) -> LimitsOf:
-    def limits_of(endpoint: str) -> tuple[str | None, Sequence[LimitSpec]]:
-        exempt, specs = state.view_limit(app, endpoint)
+    def limits_of(endpoint: str, method: str) -> tuple[str | None, Sequence[LimitSpec]]:
+        exempt, specs = state.view_limit(app, endpoint, method)
         if exempt:
-            return _why_exempt(app, endpoint), ()
+            return _why_exempt(app, endpoint, method), ()
         return None, specs
 
     return limits_of
 
 
-def _why_exempt(app: Flask, endpoint: str) -> str:
-    """Which rule of ``state.view_limit`` made ``endpoint`` exempt, in its order."""
+def _why_exempt(app: Flask, endpoint: str, method: str) -> str:
+    """Which rule of ``views.resolve`` made ``endpoint`` exempt, in its order."""
     if endpoint.rpartition(".")[2] == "static":
         return "static files"
-    if endpoint == STATUS_ENDPOINT:  # exempt from the limits, but it counts one tier
-        return "QUOTA_STATUS_URL: counts on the global tier only"
-    if getattr(app.view_functions.get(endpoint), EXEMPT_ATTR, False):
+    if endpoint == STATUS_ENDPOINT:  # exempt from the limits, but it counts its own budget
+        return "QUOTA_STATUS_URL: counts on the global tier and its own budget only"
+    view = app.view_functions.get(endpoint)
+    cls = getattr(view, "view_class", None)
+    if getattr(getattr(cls, method.lower(), None), EXEMPT_ATTR, False):
+        return f"@quota.exempt on {method.lower()}"
+    if getattr(view, EXEMPT_ATTR, False) or getattr(cls, EXEMPT_ATTR, False):
         return "@quota.exempt"
     name = endpoint.rpartition(".")[0]
     while name:  # innermost first: the one whose exemption the walk met

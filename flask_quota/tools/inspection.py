@@ -20,7 +20,8 @@ from ..core.plans import Plan, PlanCatalog
 from ..core.policy import TierCheck, on_billing_day
 from ..core.tiers import Tier
 from ..sql.admin import QuotaAdmin
-from ..state import QuotaState, limited_endpoints
+from ..state import QuotaState
+from ..views import limited_endpoints
 
 __all__ = [
     "BucketState",
@@ -154,7 +155,7 @@ def caller_checks(app: Flask, state: QuotaState, caller: Caller, plan: Plan) -> 
     """Cost-0 checks over every bucket the request path can use for ``caller``, on its
     own billing day and with its client's tenant when the catalog knows them."""
     catalog = state.catalog()
-    endpoints = limited_endpoints(app)
+    endpoints = limited_endpoints(app, state.views)
     tenant = _tenant(caller, catalog)
     tenant_tag = KeyBuilder.tenant_tag(tenant) if tenant is not None else None
     checks = state.policy.inspection_checks(plan, caller.tag, endpoints, tenant_tag)

@@ -18,8 +18,9 @@ from ..core.tiers import Tier
 
 __all__ = ["LimitRow", "PlanTiers", "RouteRow", "as_json", "plan_tiers", "route_rows"]
 
-# endpoint -> (why it is exempt, or None; its limits, in the order they are checked)
-LimitsOf = Callable[[str], tuple[str | None, Sequence[LimitSpec]]]
+# (endpoint, method) -> (why it is exempt, or None; its limits, in the order they are
+# checked). A class-based view's methods may differ (``views.resolve``).
+LimitsOf = Callable[[str, str], tuple[str | None, Sequence[LimitSpec]]]
 
 
 class Rule(Protocol):
@@ -107,15 +108,24 @@ def route_rows(
     catalog: Mapping[str, Plan],
     exempt_methods: Iterable[str] = ("OPTIONS",),
 ) -> list[RouteRow]:
-    """One row per URL rule, sorted by rule then endpoint."""
+    """One row per URL rule, sorted by rule then endpoint; a rule whose methods differ
+    (a class-based view's methods with limits of their own) has one row per group of
+    methods with the same limits."""
     skipped = {"HEAD", *exempt_methods}
     rows = []
     for rule in rules:
-        exempt, specs = limits_of(rule.endpoint)
-        methods = tuple(sorted(set(rule.methods or ()) - skipped))
-        limits = () if exempt else tuple(_limit(spec, rule.endpoint, catalog) for spec in specs)
-        rows.append(RouteRow(rule.rule, methods, rule.endpoint, exempt, limits))
-    return sorted(rows, key=lambda row: (row.rule, row.endpoint))
+        groups: dict[int, tuple[list[str], str | None, Sequence[LimitSpec]]] = {}
+        for method in sorted(set(rule.methods or ()) - skipped) or ["-"]:
+            exempt, specs = limits_of(rule.endpoint, method)
+            # Methods share a row when their answer is the same object (a view's common
+            # limits), so a class's methods without limits of their own are one row.
+            key = id(specs) if not exempt else hash(exempt)
+            groups.setdefault(key, ([], exempt, specs))[0].append(method)
+        for methods, exempt, specs in groups.values():
+            limits = () if exempt else tuple(_limit(s, rule.endpoint, catalog) for s in specs)
+            shown = tuple(m for m in methods if m != "-")
+            rows.append(RouteRow(rule.rule, shown, rule.endpoint, exempt, limits))
+    return sorted(rows, key=lambda row: (row.rule, row.endpoint, row.methods))
 
 
 def as_json(rows: Sequence[RouteRow], tiers: Sequence[PlanTiers]) -> dict[str, Any]:
