@@ -87,16 +87,19 @@ def redis_server() -> Iterator[str]:
 
 
 @contextmanager
-def gunicorn(app_spec: str, env: dict[str, str], workers: int = 4) -> Iterator[Server]:
-    """``gunicorn app_spec`` with ``workers`` sync workers on a loopback port."""
+def gunicorn(
+    app_spec: str, env: dict[str, str], workers: int = 4, threads: int = 1
+) -> Iterator[Server]:
+    """``gunicorn app_spec`` with ``workers`` sync workers (``threads`` > 1: threaded
+    workers, gthread) on a loopback port."""
     WORKDIR.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = (WORKDIR / f"gunicorn-{port}.log").open("wb")
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "gunicorn", "--workers", str(workers),
-            "--bind", f"127.0.0.1:{port}", "--log-level", "warning", "--chdir", str(ROOT),
-            app_spec,
+            "--threads", str(threads), "--bind", f"127.0.0.1:{port}",
+            "--log-level", "warning", "--chdir", str(ROOT), app_spec,
         ],
         env={**os.environ, **env},
         stdout=log,

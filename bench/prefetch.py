@@ -135,6 +135,9 @@ def run(case: Case, seconds: float, fraction: float | None, seed: int) -> tuple[
 
 GUNICORN = {
     "bare": {"BENCH_APP": "bare"},
+    # The bare app sending flask-quota's six headers: what any limiter speaking SPEC's
+    # headers costs at least (bench.bounds), whatever it decides with.
+    "headers": {"BENCH_APP": "headers"},
     "floor": {"BENCH_APP": "floor"},
     "flask-quota": {"BENCH_APP": "quota"},
     "flask-quota, prefetch": {"BENCH_APP": "quota", "BENCH_PREFETCH": "0.05"},
@@ -143,10 +146,12 @@ GUNICORN = {
 }
 
 
-def gunicorn_table(rounds: int, seconds: float) -> None:
-    """Throughput of 4 gunicorn workers under wrk (bench/throughput.py), three tiers on
-    one redis-server, limits that never deny: with 4 callers (every bucket busy)
-    and with 10,000 (each user's buckets cold; only the per-IP tier is busy)."""
+def gunicorn_table(rounds: int, seconds: float, threads: tuple[int, ...] = (1, 4)) -> None:
+    """Throughput of 4 gunicorn workers under wrk (bench/throughput.py), sync and with
+    ``threads`` threads each (gthread), three tiers on one redis-server, limits that
+    never deny: with 4 callers (every bucket busy) and with 10,000 (each user's buckets
+    cold; only the per-IP tier is busy). The ratios are medians of per-round ratios;
+    each round also counts the requests prefetch answered from shares."""
     from . import throughput
     from .env import redis_server
 
@@ -155,20 +160,35 @@ def gunicorn_table(rounds: int, seconds: float) -> None:
         print(f"gunicorn, 4 workers, wrk, median of {rounds} interleaved {seconds:g} s rounds:")
         print()
         print(
-            "| callers | bare | floor | flask-quota | prefetch | memory, per worker "
-            "| prefetch / bare | memory / bare |"
+            "| workers | callers | bare | headers | floor | flask-quota | prefetch "
+            "| memory, per worker | prefetch / bare | prefetch / headers "
+            "| prefetch / headers, each round | prefetch decides per request, each round "
+            "| memory / bare |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
-        for users in (4, 10_000):
-            results, _ = throughput.measure(url, rounds, seconds, servers=GUNICORN, users=users)
-            rps = {name: r.rps for name, r in results.items()}
-            ratio = {name: _median_ratio(r, results["bare"]) for name, r in results.items()}
-            print(
-                f"| {users:,} | {rps['bare']:.0f} | {rps['floor']:.0f} | "
-                f"{rps['flask-quota']:.0f} | {rps['flask-quota, prefetch']:.0f} | "
-                f"{rps['flask-quota, memory']:.0f} | {ratio['flask-quota, prefetch']:.2f} | "
-                f"{ratio['flask-quota, memory']:.2f} |"
-            )
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|")
+        for count in threads:
+            kind = "sync" if count == 1 else f"gthread x{count}"
+            for users in (4, 10_000):
+                results, _ = throughput.measure(
+                    url, rounds, seconds, servers=GUNICORN, users=users, threads=count
+                )
+                rps = {name: r.rps for name, r in results.items()}
+                ratio = {name: _median_ratio(r, results["bare"]) for name, r in results.items()}
+                prefetch = results["flask-quota, prefetch"]
+                per_round = [
+                    a.requests / b.requests
+                    for a, b in zip(prefetch.runs, results["headers"].runs, strict=True)
+                ]
+                print(
+                    f"| {kind} | {users:,} | {rps['bare']:.0f} | {rps['headers']:.0f} | "
+                    f"{rps['floor']:.0f} | {rps['flask-quota']:.0f} | "
+                    f"{rps['flask-quota, prefetch']:.0f} | {rps['flask-quota, memory']:.0f} | "
+                    f"{ratio['flask-quota, prefetch']:.2f} | "
+                    f"{_median_ratio(prefetch, results['headers']):.2f} | "
+                    f"{' '.join(f'{r:.2f}' for r in per_round)} | "
+                    f"{' '.join(f'{r.decides:.3f}' for r in prefetch.runs)} | "
+                    f"{ratio['flask-quota, memory']:.2f} |"
+                )
 
 
 def _median_ratio(runs: Throughput, bare: Throughput) -> float:

@@ -52,6 +52,7 @@ class Load:
     seconds: float
     errors: int  # non-2xx answers and socket errors
     cpu: dict[str, float] = field(default_factory=dict)  # CPU us per request, by process
+    decides: float = 0.0  # decide calls Redis answered, per request
 
     @property
     def rps(self) -> float:
@@ -148,6 +149,7 @@ def measure(
     *,
     servers: dict[str, dict[str, str]] | None = None,
     users: int = USERS,
+    threads: int = 1,
 ) -> tuple[dict[str, Throughput], str]:
     load = _wrk if shutil.which("wrk") else _python_load
     generator = "wrk" if load is _wrk else "python threads (wrk not installed)"
@@ -155,11 +157,12 @@ def measure(
     results = {name: Throughput(name) for name in chosen}
     client = redis.Redis.from_url(redis_url)
     redis_pid = int(client.info("server")["process_id"])
-    client.close()
     with ExitStack() as stack:
         servers = {
             name: stack.enter_context(
-                gunicorn(APP_SPEC, {**env, "BENCH_REDIS_URL": redis_url}, workers=4)
+                gunicorn(
+                    APP_SPEC, {**env, "BENCH_REDIS_URL": redis_url}, workers=4, threads=threads
+                )
             )
             for name, env in chosen.items()
         }
@@ -171,12 +174,20 @@ def measure(
             rng.shuffle(order)
             for name in order:
                 server = servers[name]
-                before = _cpu(server.pid, redis_pid)
+                before, calls = _cpu(server.pid, redis_pid), _decides(client)
                 run = load(server.port, seconds, connections, users)
                 after = _cpu(server.pid, redis_pid)
                 run.cpu = {k: (after[k] - before[k]) * 1e6 / run.requests for k in after}
+                run.decides = (_decides(client) - calls) / max(1, run.requests)
                 results[name].runs.append(run)
+    client.close()
     return results, generator
+
+
+def _decides(client: redis.Redis) -> int:
+    """The decide calls (a function or a script) the server has answered so far."""
+    stats = client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("fcall", "evalsha"))
 
 
 def _cpu(gunicorn_pid: int, redis_pid: int) -> dict[str, float]:

@@ -321,6 +321,10 @@ def test_a_cached_denial_is_no_sign_the_storage_is_up(
         assert client.get("/ping", headers=flooder).status_code == 429
         assert client.get("/ping", headers={"X-Client": f"c{i}"}).status_code == 200  # open
     assert changes == ["failed"]  # five failures in a row, cache hits or not
+    # The breaker is open: the fail mode (open) admits others, but a denial the worker
+    # holds stays true while Redis is down.
+    assert client.get("/ping", headers={"X-Client": "another"}).status_code == 200
+    assert client.get("/ping", headers=flooder).status_code == 429
     deadline = time.monotonic() + 2
     while time.monotonic() < deadline:  # probes come every 0.2 s: the flooder's too
         client.get("/ping", headers=flooder)

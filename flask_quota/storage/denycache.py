@@ -112,6 +112,19 @@ class DenyCache(Layer):
             self._remember(real, verdict_of(real, reply), now)
         return reply
 
+    def held_reply(self, checks: Sequence[Check], keys: Sequence[str]) -> Reply | None:
+        """The answer of a cached denial (or of the layer below's units in hand), else
+        None, never asking the storage: asked while it is down (``GuardedStorage``)."""
+        if self._denials:
+            cached = self._cached(keyed(checks, keys), self._clock())
+            if cached is not None:
+                self.hits += 1
+                if self.on_hit is not None:
+                    self.on_hit()
+                return HeldReply(flat_reply(cached))
+        below = getattr(self.storage, "held_reply", None)
+        return None if below is None else below(checks, keys)
+
     def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
         """Refund in the storage; a denial cached for these keys may no longer hold."""
         self.storage.refund(checks, charged_at_us)

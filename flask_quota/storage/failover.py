@@ -83,6 +83,11 @@ class GuardedStorage:
         self.mode = mode
         self.breaker = breaker
         self.fallback = MemoryStorage() if mode is FailMode.LOCAL else None
+        # Answers from what the layers hold in-process (cached denials, shares in hand),
+        # asked while the breaker is open: they stay true while the storage is down.
+        self._held: Callable[[Sequence[Check], Sequence[str]], Reply | None] | None = getattr(
+            storage, "held_reply", None
+        )
         self.owed: list[_GiveBack] = []  # leases to give back to the storage (see above)
         self._owed_lock = threading.Lock()
         self._clock = time.monotonic
@@ -117,6 +122,11 @@ class GuardedStorage:
                 elif attempt.probe:  # answered in-process: the storage was not probed
                     self.breaker.unused(attempt)
                 return reply
+        elif self._held is not None:
+            # The breaker is open: a denial cached, or units in hand, still answer.
+            held = self._held(checks, keys)
+            if held is not None:
+                return held
         local = self._failed(keyed(checks, keys), charge_locally)
         return None if local is None else LocalReply.of(local.now_us, local.allowed, local.outcomes)
 

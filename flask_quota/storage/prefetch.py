@@ -205,6 +205,20 @@ class Prefetch(Layer):
                     if refused:
                         known.size //= 2
 
+    def held_reply(self, checks: Sequence[Check], keys: Sequence[str]) -> Reply | None:
+        """The request's reply from this worker's shares, spent, or None (nothing spent),
+        never asking the storage: asked while it is down (``GuardedStorage``)."""
+        kind = self._kinds.get(id(checks))
+        if kind is None or kind[0] is not checks or not kind[1]:
+            return None
+        with self._lock:
+            local = self._spend(checks, keys, self._clock())
+            if local is not None:
+                self.local += 1
+        if local is not None and self.on_hit is not None:
+            self.on_hit()
+        return local
+
     def _give_back(self, unspent: Check, charged_at_us: int) -> None:
         """Refund an expired window share's unspent units; one that fails is lost."""
         try:
