@@ -162,10 +162,10 @@ def gunicorn_table(rounds: int, seconds: float, threads: tuple[int, ...] = (1, 4
         print(
             "| workers | callers | bare | headers | floor | flask-quota | prefetch "
             "| memory, per worker | prefetch / bare | prefetch / headers "
-            "| prefetch / headers, each round | prefetch decides per request, each round "
-            "| memory / bare |"
+            "| prefetch / headers, each round | headers / bare, each round "
+            "| prefetch decides per request, each round | errors | memory / bare |"
         )
-        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|")
         for count in threads:
             kind = "sync" if count == 1 else f"gthread x{count}"
             for users in (4, 10_000):
@@ -176,9 +176,14 @@ def gunicorn_table(rounds: int, seconds: float, threads: tuple[int, ...] = (1, 4
                 ratio = {name: _median_ratio(r, results["bare"]) for name, r in results.items()}
                 prefetch = results["flask-quota, prefetch"]
                 per_round = [
-                    a.requests / b.requests
+                    a.requests / max(1, b.requests)
                     for a, b in zip(prefetch.runs, results["headers"].runs, strict=True)
                 ]
+                noise = [
+                    a.requests / max(1, b.requests)
+                    for a, b in zip(results["headers"].runs, results["bare"].runs, strict=True)
+                ]
+                errors = {name: r.errors for name, r in results.items() if r.errors}
                 print(
                     f"| {kind} | {users:,} | {rps['bare']:.0f} | {rps['headers']:.0f} | "
                     f"{rps['floor']:.0f} | {rps['flask-quota']:.0f} | "
@@ -186,7 +191,9 @@ def gunicorn_table(rounds: int, seconds: float, threads: tuple[int, ...] = (1, 4
                     f"{ratio['flask-quota, prefetch']:.2f} | "
                     f"{_median_ratio(prefetch, results['headers']):.2f} | "
                     f"{' '.join(f'{r:.2f}' for r in per_round)} | "
+                    f"{' '.join(f'{r:.2f}' for r in noise)} | "
                     f"{' '.join(f'{r.decides:.3f}' for r in prefetch.runs)} | "
+                    f"{errors or '-'} | "
                     f"{ratio['flask-quota, memory']:.2f} |"
                 )
 
@@ -194,7 +201,8 @@ def gunicorn_table(rounds: int, seconds: float, threads: tuple[int, ...] = (1, 4
 def _median_ratio(runs: Throughput, bare: Throughput) -> float:
     """The median of per-round ratios to the bare app (rounds are interleaved, so a slow
     moment slows both sides of a ratio alike)."""
-    ratios = sorted(a.requests / b.requests for a, b in zip(runs.runs, bare.runs, strict=True))
+    pairs = zip(runs.runs, bare.runs, strict=True)
+    ratios = sorted(a.requests / max(1, b.requests) for a, b in pairs)
     return ratios[len(ratios) // 2]
 
 

@@ -177,7 +177,8 @@ def measure(
                 before, calls = _cpu(server.pid, redis_pid), _decides(client)
                 run = load(server.port, seconds, connections, users)
                 after = _cpu(server.pid, redis_pid)
-                run.cpu = {k: (after[k] - before[k]) * 1e6 / run.requests for k in after}
+                served = max(1, run.requests)  # a round that served nothing still counts
+                run.cpu = {k: (after[k] - before[k]) * 1e6 / served for k in after}
                 run.decides = (_decides(client) - calls) / max(1, run.requests)
                 results[name].runs.append(run)
     client.close()
