@@ -12,36 +12,24 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from blinker import NamedSignal
-from flask import (
-    Blueprint,
-    Flask,
-    Request,
-    Response,
-    current_app,
-    g,
-    has_request_context,
-    jsonify,
-    request,
-)
+from flask import Blueprint, Flask, Request, Response, current_app, has_request_context, request
 
-from . import signals
-from .after import NOTHING_AFTER, after_hook, lease_teardown
+from . import blocking, edge, signals
 from .cli import quota_cli
 from .core import leases, validators
-from .core.enforcer import Decided, Enforcer, Facts, limit_hooks, stack_hooks
-from .core.errors import InvalidApiKey, QuotaExceeded
-from .core.headers import ENVIRON_KEY
-from .core.identity import Identity, plausible_api_key
+from .core.enforcer import Enforcer
+from .core.facts import Facts, facts_of
+from .core.identity import Identity
 from .core.keys import KeyBuilder, remote_ip_tag
 from .core.limited import Limited, limited_spec
 from .core.observers import combined
 from .core.policy import Decision, LimitSpec, Policy, TierResult
 from .core.rates import Rate, Rates, parse_rates
-from .core.status import caller_status, status_budget
+from .core.status import status_budget
 from .otel import span_observer
+from .recorder import UsageRecorder, usage_sink
 from .settings import DEFAULTS, Settings, reference
 from .sql import plansync
-from .sql.errors import KeysUnavailable
 from .sql.store import SqlStore
 from .state import QuotaState, get_state
 from .storage import Storage, storage_from_url
@@ -51,8 +39,7 @@ from .storage.failover import GuardedStorage
 from .storage.prefetch import Prefetch
 from .tools import blocks, inspection
 from .tools.blocks import Block
-from .tools.usage import UsageRecorder, usage_sink
-from .views import add_limit, exempt, limited_endpoints
+from .views import add_limit, exempt
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
@@ -83,9 +70,6 @@ def _gunicorn_workers() -> int | None:
     return int(workers) if workers and workers.isdigit() else None
 
 
-_UNLOADED = object()  # ``Quota._identify``: the identity loader has not been asked yet
-
-
 class Quota:
     """Rate limiting for a Flask app: ``Quota(app)`` or ``Quota()`` + ``init_app(app)``.
 
@@ -103,9 +87,9 @@ class Quota:
     ) -> None:
         self._storage = storage
         self._db = db
-        self._identity_loader: Callable[[], Identity | None] | None = None
-        self._api_key_loader: Callable[[str], Identity | None] | None = None
-        self._request_filters: list[Callable[[], bool]] = []
+        # Who calls: shared with the request edge, so a loader registered after
+        # init_app applies too.
+        self._loaders = edge.Loaders()
         if app is not None:
             self.init_app(app)
 
@@ -123,10 +107,17 @@ class Quota:
             raise RuntimeError(
                 "flask-quota is already initialised on this app; call init_app once per app."
             )
+        deny_cache_set = "QUOTA_DENY_CACHE" in app.config
         for key, default in DEFAULTS.items():
             app.config.setdefault(key, default)
         settings = Settings.from_config(app.config)
         storage = self._storage
+        if storage is not None and deny_cache_set and settings.deny_cache:
+            raise ValueError(
+                "QUOTA_DENY_CACHE applies to the storage built from QUOTA_STORAGE_URL, not to "
+                "one passed as Quota(app, storage=...): wrap yours yourself "
+                "(flask_quota.storage.denycache.DenyCache(storage)), or leave the key unset"
+            )
         if storage is None:
             storage = storage_from_url(settings.storage_url, timeout=settings.storage_timeout)
         breaker = CircuitBreaker(
@@ -175,7 +166,7 @@ class Quota:
         )
         escalate = None
         if settings.block_after is not None:
-            escalate = functools.partial(blocks.escalate, storage, guard, settings, policy.keys)
+            escalate = functools.partial(blocking.escalate, storage, guard, settings, policy.keys)
         enforcer = Enforcer(
             guard=guard,
             policy=policy,
@@ -183,14 +174,13 @@ class Quota:
             anonymous_plan=settings.anonymous_plan,
             default_plan=settings.default_plan,
             # The state is made just below; a block is read through it (its cache).
-            refusal=lambda decision, gate, key: blocks.refusal(state, decision, gate, key),
+            refusal=lambda decision, gate, key: blocking.refusal(state, decision, gate, key),
             escalate=escalate,
             events=_Signals(app),
             observer=combined(metrics, span_observer()),
             near=settings.near_limit,
         )
         state = app.extensions["quota"] = QuotaState(
-            quota=self,
             settings=settings,
             storage=storage,
             guard=guard,
@@ -202,9 +192,9 @@ class Quota:
         )
         sql.autostart(app, needed=settings.dashboard_url is not None)
         # Hooks bound to this app's state: a request looks up no ``current_app`` for it.
-        # The teardown hook is added at the first lease (``lease_teardown``).
-        app.before_request(self._before_hook(state, lease_teardown(app, state)))
-        app.after_request(after_hook(state))
+        # The teardown hook is added at the first lease (``edge.lease_teardown``).
+        app.before_request(edge.before_hook(state, self._loaders, edge.lease_teardown(app, state)))
+        app.after_request(edge.after_hook(state))
         if settings.dashboard_url is not None:
             from .dashboard import make_blueprint  # the dashboard is loaded only when mounted
 
@@ -212,13 +202,10 @@ class Quota:
         if metrics is not None and settings.metrics_url is not None:
             app.add_url_rule(settings.metrics_url, "flask_quota_metrics", _metrics_view(metrics))
         if settings.status_url is not None:
-            app.add_url_rule(
-                settings.status_url,
-                "flask_quota_status",
-                self._status_view(status_budget(settings.status_rate)),
-            )
-        if self._api_key_loader is None:
-            self._api_key_loader = _sql_api_key  # a loader registered later replaces it
+            view = edge.status_view(state, self._loaders, status_budget(settings.status_rate))
+            app.add_url_rule(settings.status_url, "flask_quota_status", view)
+        if self._loaders.api_key is None:
+            self._loaders.api_key = _sql_api_key  # a loader registered later replaces it
         app.cli.add_command(quota_cli)
         workers = _gunicorn_workers()
         if storage.name == "memory" and workers != 1 and "gunicorn" in sys.modules:
@@ -321,7 +308,8 @@ class Quota:
         outside a request ``key`` is required. The caller's plan may set the
         resource's rate, as for ``@quota.limit``; outside a request the default plan's.
         """
-        return Limited(limited_spec(rate, resource, key, cost), self._limited_context, _inner)
+        spec = limited_spec(rate, resource, key, cost)
+        return Limited(spec, self._limited_context, edge.note_inner_denial)
 
     def _limited_context(self) -> tuple[Enforcer, Facts | None] | None:
         """What a ``quota.limited`` decides with on entry: the enforcer and the request's
@@ -332,8 +320,8 @@ class Quota:
         if not has_request_context():
             return state.enforcer, None
         req: Request = request._get_current_object()  # type: ignore[attr-defined]
-        identity = self._identify(state.settings, req)
-        return state.enforcer, Facts(
+        identity = edge.identify(self._loaders, state.settings, req)
+        return state.enforcer, facts_of(
             req.method, req.endpoint, remote_ip_tag(req.remote_addr), identity
         )
 
@@ -343,7 +331,7 @@ class Quota:
 
     def request_filter(self, check: Callable[[], bool]) -> Callable[[], bool]:
         """Register ``check() -> bool``; True: no tier applies to the request, no headers."""
-        self._request_filters.append(check)
+        self._loaders.filters.append(check)
         return check
 
     def settle(self, actual: int) -> None:
@@ -356,9 +344,7 @@ class Quota:
         if not validators.is_count(actual):
             raise ValueError(f"quota.settle() takes an int >= 0, got {actual!r}")
         _limited_view("quota.settle()")
-        scope = g._get_current_object()
-        extra, _ = scope.__dict__.get("_quota_after", NOTHING_AFTER)
-        scope._quota_after = (extra, actual)
+        edge.current().actual = actual
 
     def charge(self, units: int) -> None:
         """Charge ``units`` more on this request's endpoint tier, after the response.
@@ -370,15 +356,13 @@ class Quota:
         if not validators.is_count(units):
             raise ValueError(f"quota.charge() takes an int >= 0, got {units!r}")
         _limited_view("quota.charge()")
-        scope = g._get_current_object()
-        extra, actual = scope.__dict__.get("_quota_after", NOTHING_AFTER)
-        scope._quota_after = (extra + units, actual)
+        edge.current().extra += units
 
     def identity_loader(
         self, loader: Callable[[], Identity | None]
     ) -> Callable[[], Identity | None]:
         """Register ``loader() -> Identity | None``: who is calling (e.g. the logged-in user)."""
-        self._identity_loader = loader
+        self._loaders.identity = loader
         return loader
 
     def api_key_loader(
@@ -389,7 +373,7 @@ class Quota:
         ``None`` (unknown or revoked) makes the caller anonymous, or 401 with
         ``QUOTA_REJECT_UNKNOWN_KEYS``; an unknown key never gets a bucket of its own.
         """
-        self._api_key_loader = loader
+        self._loaders.api_key = loader
         return loader
 
     # -- inspection -----------------------------------------------------------
@@ -461,138 +445,7 @@ class Quota:
 
     def current_decision(self) -> Decision | None:
         """The decision made for the current request, if any tier applied."""
-        found: Decided | None = g.get("_quota")
-        return None if found is None else found.decision()
-
-    # -- request hooks ------------------------------------------------------
-
-    def _status_view(self, budget: LimitSpec) -> Callable[[], Response]:
-        """The ``QUOTA_STATUS_URL`` view: the caller's own quota, charging only the global
-        tier and its own ``budget``. Exempt from the request hook: it makes its one
-        storage call itself."""
-
-        @exempt
-        def flask_quota_status() -> Response:
-            req: Request = request._get_current_object()  # type: ignore[attr-defined]
-            app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
-            state: QuotaState = app.extensions["quota"]
-            identity = self._identify(state.settings, req)
-            facts = Facts(req.method, req.endpoint, remote_ip_tag(req.remote_addr), identity)
-            enforcer, settings = state.enforcer, state.settings
-            endpoints = limited_endpoints(app, state.views)
-            found = caller_status(
-                enforcer, facts, endpoints, charge=settings.enabled, budget=budget
-            )
-            response = jsonify(found.as_json())
-            response.headers["Cache-Control"] = "no-store"  # one caller's, and it changes
-            return response
-
-        return flask_quota_status
-
-    def _before_hook(
-        self, state: QuotaState, start_leasing: Callable[[], None]
-    ) -> Callable[[], None]:
-        """The before-request hook of the app whose quota ``state`` is: a plain function,
-        the cheapest for the coroutine check Flask makes of every hook on every request.
-        ``start_leasing()`` adds the teardown hook when a request first holds a lease."""
-
-        def before_request() -> None:
-            # The proxies (request, current_app, g) cost ~1 us per access: unwrap them once.
-            req: Request = request._get_current_object()  # type: ignore[attr-defined]
-            settings = state.settings
-            environ = req.environ
-            if settings.header_names:  # for the headers of the errors we raise (errors.py)
-                environ[ENVIRON_KEY] = settings.header_names
-            method = req.method
-            if not settings.enabled or method in settings.exempt_methods:
-                return
-            for check in self._request_filters:
-                if check():
-                    return
-            endpoint = req.endpoint
-            spec: LimitSpec | None = None
-            specs: tuple[LimitSpec, ...] = ()
-            if endpoint is not None:
-                resolved = state.views.get(endpoint)
-                if isinstance(resolved, tuple):  # one answer for every method (the usual)
-                    exempt, specs = resolved
-                else:  # not resolved yet, or per method (a class-based view's)
-                    app = current_app._get_current_object()  # type: ignore[attr-defined]
-                    exempt, specs = state.view_limit(app, endpoint, method)
-                if exempt:
-                    return
-                if len(specs) == 1:  # the usual case: one limit
-                    spec = specs[0]
-                    if spec.exempt_when is not None and spec.exempt_when():
-                        spec = None
-            loader = self._identity_loader
-            identity = loader() if loader is not None else None
-            if type(identity) is not Identity:  # else what _identify would return (the usual case)
-                identity = self._identify(settings, req, identity)
-            if "HTTP_X_FORWARDED_FOR" in environ and not state.proxy_warned:
-                _warn_no_proxy_fix(state, req)
-            ip_tag = remote_ip_tag(req.remote_addr)
-            if len(specs) > 1:  # stacked limits: each is evaluated, all in one decision
-                spec, cost, owner, more = stack_hooks(specs, endpoint)
-                facts = Facts(method, endpoint, ip_tag, identity, spec, cost, owner, more)
-            elif spec is None:
-                facts = Facts(method, endpoint, ip_tag, identity)
-            elif spec.key is None and spec.rate_of is None and isinstance(weight := spec.cost, int):
-                # Nothing of the view's to call (the usual case): what limit_hooks would say.
-                facts = Facts(method, endpoint, ip_tag, identity, spec, weight)
-            else:
-                spec, cost, owner = limit_hooks(spec, endpoint)
-                facts = Facts(method, endpoint, ip_tag, identity, spec, cost, owner)
-            try:
-                decided = state.enforcer.decide(facts, _keep)
-            except QuotaExceeded as exc:
-                # Noted so the after-request hook can give its Retry-After to a response
-                # the app's own error handler made.
-                g._get_current_object()._quota_denial = exc
-                raise
-            if decided is not None:
-                scope = g._get_current_object()
-                scope._quota = decided
-                if decided.route.leases and decided.reply.all_allowed:
-                    if not state.leasing:  # the first lease: the teardown hook joins
-                        start_leasing()
-                    scope._quota_leased = decided  # given back after the response (after.py)
-
-        return before_request
-
-    def _identify(
-        self, settings: Settings, req: Request, loaded: object = _UNLOADED
-    ) -> Identity | None:
-        """The caller: the identity loader's answer (``loaded``, when the caller asked it
-        already), else the API key's client, else None (anonymous)."""
-        if self._identity_loader is not None:
-            identity = self._identity_loader() if loaded is _UNLOADED else loaded
-            if identity is not None:
-                if not isinstance(identity, Identity):
-                    raise TypeError(
-                        "the identity_loader must return flask_quota.Identity or None, "
-                        f"not {type(identity).__name__}"
-                    )
-                return identity
-        key = req.headers.get(settings.api_key_header)
-        if key is None:
-            return None
-        if plausible_api_key(key) and self._api_key_loader is not None:
-            try:
-                identity = self._api_key_loader(key)
-            except KeysUnavailable:
-                return None  # cannot be checked yet: anonymous, never 401 (logged by the store)
-            if identity is not None:
-                return identity
-        if settings.reject_unknown_keys:
-            raise InvalidApiKey(settings.api_key_header)
-        return None  # unknown keys are anonymous: inventing keys buys no fresh bucket
-
-
-def _inner() -> None:
-    """A ``quota.limited`` denied inside a request: noted for the after-request hook."""
-    if has_request_context():
-        g._get_current_object()._quota_inner = True
+        return edge.current_decision()
 
 
 def _limited_view(what: str) -> None:
@@ -604,11 +457,6 @@ def _limited_view(what: str) -> None:
             f"{what} in {endpoint!r}, which has no @quota.limit: there is no "
             "endpoint tier to charge; decorate the view with @quota.limit(...)"
         )
-
-
-def _keep(decided: Decided) -> None:
-    """Leave a denied request's decision on ``g``: its 429 gets the rate-limit headers."""
-    g._get_current_object()._quota = decided
 
 
 class _Signals:
@@ -630,26 +478,6 @@ class _Signals:
         app = self.app()
         if app is not None and signal.receivers:
             signals.notify(signal, app, decision=decision, **extra)
-
-
-def _warn_no_proxy_fix(state: QuotaState, req: Request) -> None:
-    """Say once per app when requests come through a proxy the app does not trust.
-
-    Werkzeug's ProxyFix leaves the original values in ``werkzeug.proxy_fix.orig``;
-    without it ``remote_addr`` is the proxy's, so every caller behind it shares one
-    global-tier bucket. (A spoofed header changes no key either way.)
-    """
-    state.proxy_warned = True
-    if "werkzeug.proxy_fix.orig" in req.environ:
-        return
-    log.warning(
-        "flask-quota: requests carry X-Forwarded-For, but the app does not apply Werkzeug's "
-        "ProxyFix, so the global tier keys every caller behind the proxy by the proxy's "
-        "address (%s): they share one bucket. If a proxy you trust sets the header, wrap "
-        "the app: app.wsgi_app = ProxyFix(app.wsgi_app, x_for=1) (from werkzeug.middleware"
-        ".proxy_fix); with one proxy in front, x_for=1. This is said once.",
-        req.remote_addr,
-    )
 
 
 def _metrics(settings: Settings) -> QuotaMetrics | None:

@@ -14,23 +14,16 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from .core.algorithms import Algorithm
 from .core.calendar import Calendar
-from .core.headers import HeaderMode, header_names
+from .core.headers import HeaderMode, Renamer, header_names
 from .core.plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
 from .core.rates import ACCEPTED, MAX_WINDOW, Rate, Rates, parse_rate, parse_rates
 from .storage.breaker import DEFAULT_THRESHOLD
+from .storage.failover import FailMode
 from .storage.prefetch import MAX_FRACTION
 
 __all__ = ["DEFAULTS", "DOCS", "FailMode", "HeaderMode", "PlansSource", "Settings", "reference"]
 
 E = TypeVar("E", bound=StrEnum)
-
-
-class FailMode(StrEnum):
-    """What requests get while the storage fails (``QUOTA_FAIL_MODE``)."""
-
-    OPEN = "open"
-    CLOSED = "closed"
-    LOCAL = "local"
 
 
 class PlansSource(StrEnum):
@@ -110,7 +103,8 @@ DOCS: dict[str, str] = {
     "(calls that fail together count once); a failure before that applies the fail mode to "
     "its own request only.",
     "QUOTA_DENY_CACHE": "Answer repeated denials in-process until their retry time (Redis "
-    "backends), keeping a flood off Redis.",
+    "backends), keeping a flood off Redis. For the storage built from "
+    "``QUOTA_STORAGE_URL``: set with ``Quota(app, storage=...)`` it is refused.",
     "QUOTA_DATABASE_URL": "SQLAlchemy URL of the quota tables; ``None``: a SQLite file in the "
     "instance folder, or the app's database with ``Quota(app, db=db)``.",
     "QUOTA_SYNC_INTERVAL": "Seconds between checks for plan and client changes in SQL (at "
@@ -244,7 +238,7 @@ class Settings:
     status_rate: Rates = field(default_factory=lambda: parse_rates("60/minute"))
     near_limit: float | None = 0.8
     calendar: Calendar = field(default_factory=Calendar)  # QUOTA_TIMEZONE, QUOTA_BILLING_DAY
-    header_names: Mapping[str, str] | None = None  # QUOTA_HEADER_NAMES; None: the usual ones
+    renamer: Renamer | None = None  # QUOTA_HEADER_NAMES; None: the usual names
     lease_seconds: int = 60
     prefetch: float | None = None  # QUOTA_PREFETCH: the largest share of a bucket taken ahead
 
@@ -303,7 +297,7 @@ class Settings:
             status_rate=_rates(get, "QUOTA_STATUS_RATE"),
             near_limit=_share(get, "QUOTA_NEAR_LIMIT"),
             calendar=_calendar(get),
-            header_names=header_names(get["QUOTA_HEADER_NAMES"]),
+            renamer=_renamer(get, "QUOTA_HEADER_NAMES"),
             prefetch=_prefetch(get, "QUOTA_PREFETCH"),
         )
         for key in ("QUOTA_DEFAULT_PLAN", "QUOTA_ANONYMOUS_PLAN"):
@@ -336,6 +330,11 @@ def _calendar(get: dict[str, Any]) -> Calendar:
         return Calendar(zone.strip(), day)
     except ValueError as exc:
         raise ValueError(f"QUOTA_TIMEZONE: {exc}") from None
+
+
+def _renamer(get: dict[str, Any], key: str) -> Renamer | None:
+    names = header_names(get[key], key)
+    return Renamer(names) if names else None
 
 
 def _text(get: dict[str, Any], key: str) -> str:

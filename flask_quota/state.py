@@ -9,20 +9,19 @@ extension imports needs to import the extension back.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from flask import Flask, current_app
 
-from .core.enforcer import Enforcer, RouteKey
+from .core.enforcer import Enforcer
 from .core.generations import Generations
-from .core.plans import Plan, PlanCatalog
-from .core.policy import LimitSpec, Policy
-from .core.route import Route
+from .core.plans import PlanCatalog
+from .core.policy import Policy
+from .recorder import UsageRecorder
 from .settings import Settings
 from .sql.store import SqlStore
 from .storage import Storage
 from .storage.failover import GuardedStorage
-from .tools.usage import UsageRecorder
 from .views import Found, Resolved, for_method, resolve, watch
 
 if TYPE_CHECKING:
@@ -35,9 +34,6 @@ __all__ = ["QuotaState", "get_state"]
 class QuotaState:
     """Everything one app's quota needs, kept in ``app.extensions["quota"]``."""
 
-    # The ``Quota`` that built this state. Not typed as one: the state sits below the
-    # extension, and nothing here (or in what reads the state) uses it.
-    quota: Any
     settings: Settings
     storage: Storage
     guard: GuardedStorage
@@ -54,7 +50,7 @@ class QuotaState:
     # A request of this app has held a lease: from then on the app has the teardown hook
     # that gives leases back (see ``after.lease_teardown``).
     leasing: bool = False
-    # block key -> (expires, what its 429 may say), see ``blocks.refusal``
+    # block key -> (expires, what its 429 may say), see ``blocking.refusal``
     block_infos: Generations[str, tuple[float, dict[str, str | None]]] = field(
         default_factory=lambda: Generations(1024)
     )
@@ -69,29 +65,6 @@ class QuotaState:
         if found is None:
             found = self.views[endpoint] = resolve(app, endpoint)
         return for_method(found, method)
-
-    @property
-    def routes(self) -> Generations[RouteKey, Route]:
-        """The enforcer's route cache."""
-        return self.enforcer.routes
-
-    @property
-    def routes_of(self) -> PlanCatalog | None:
-        """The catalog the cached routes were built from."""
-        return self.enforcer.routes_of
-
-    def route(
-        self,
-        catalog: PlanCatalog,
-        plan: Plan,
-        endpoint: str | None,
-        method: str,
-        spec: LimitSpec | None,
-        resource: str | None,
-        cost: int,
-    ) -> Route:
-        """The request's ``Route`` (see ``Enforcer.route``)."""
-        return self.enforcer.route(catalog, plan, endpoint, method, spec, resource, cost)
 
     def catalog(self) -> PlanCatalog:
         """The plans, clients and overrides requests are decided with right now."""

@@ -119,17 +119,6 @@ def test_the_sql_layer_does_not_reach_up() -> None:
         assert not [m for m in reached if m.startswith(above)], name
 
 
-def test_the_documented_admin_path_still_works() -> None:
-    """``flask_quota.admin`` (documented before the SQL layer had a folder) names the
-    very objects of ``flask_quota.sql.admin``."""
-    import flask_quota.admin as old
-    import flask_quota.sql.admin as new
-
-    assert {"QuotaAdmin", "AdminError"} <= set(old.__all__) <= set(new.__all__)
-    for name in old.__all__:
-        assert getattr(old, name) is getattr(new, name), name
-
-
 def test_the_dashboard_reaches_the_library_through_two_doors() -> None:
     """The dashboard imports the public face and ``flask_quota.admin_api``, nothing deeper."""
     modules = _modules()
@@ -238,3 +227,61 @@ def test_the_dashboard_imports_no_redis() -> None:
             else:
                 continue
             assert all(n.partition(".")[0] != "redis" for n in names), f"{path.name}: {names}"
+
+
+# The layers, lowest first: a module may import its own layer's modules and those of
+# the layers below it, never one above. The request path (everything up to ``edge``)
+# reaches no operator's tool, CLI or dashboard; storage knows no settings.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core", ("flask_quota.core",)),
+    ("storage", ("flask_quota.storage",)),
+    ("settings", ("flask_quota.settings",)),
+    ("sql", ("flask_quota.sql",)),
+    (
+        "request path",
+        (
+            "flask_quota.signals", "flask_quota.otel", "flask_quota.metrics",
+            "flask_quota.views", "flask_quota.recorder", "flask_quota.state",
+            "flask_quota.blocking", "flask_quota.edge",
+        ),
+    ),
+    ("tools", ("flask_quota.tools", "flask_quota.admin_api")),
+    ("cli", ("flask_quota.cli",)),
+    (
+        "faces",
+        (
+            "flask_quota.extension", "flask_quota.testing",
+            "flask_quota.pytest_plugin", "flask_quota.dashboard",
+        ),
+    ),
+]  # fmt: skip
+
+
+def _layer(module: str) -> int:
+    """The index in ``LAYERS`` of ``module``'s layer (the package itself is a face)."""
+    if module == "flask_quota":
+        return len(LAYERS) - 1
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+
+
+def test_every_import_points_down_the_layers() -> None:
+    """No module imports one of a layer above its own, late and annotation-only imports
+    included: so no storage module reaches the settings, and nothing under
+    ``flask_quota/tools`` (nor the CLI or the extension) is on the request path."""
+    modules = _modules()
+    wrong = [
+        f"{name} ({LAYERS[_layer(name)][0]}) imports {target} ({LAYERS[_layer(target)][0]})"
+        for name, path in modules.items()
+        for target in sorted(_imports(name, path, modules, typed=True))
+        if _layer(target) > _layer(name)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_layer_check_finds_an_arrow_up() -> None:
+    """The check itself: a storage module importing the settings is reported."""
+    assert _layer("flask_quota.storage.failover") < _layer("flask_quota.settings")
+    assert _layer("flask_quota.tools.blocks") > _layer("flask_quota.edge")

@@ -10,7 +10,10 @@ import pytest
 from flask import Flask
 
 from flask_quota.sql.admin import QuotaAdmin
+from flask_quota.state import get_state
 from flask_quota.storage import storage_from_url
+from flask_quota.tools.blocks import block, list_blocks
+from flask_quota.tools.inspection import Caller
 from tests.servers import RedisServer
 from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app
 
@@ -57,7 +60,7 @@ def test_cli_block_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
         assert code != 0 and "Traceback" not in out, out
     assert audit(app) == []
     with app.app_context():
-        assert app.extensions["quota"].quota.blocks() == []
+        assert list_blocks(get_state(app)) == []
 
 
 def test_dashboard_blocks_page_lists_and_unblocks_with_csrf(tmp_path: Path) -> None:
@@ -66,7 +69,7 @@ def test_dashboard_blocks_page_lists_and_unblocks_with_csrf(tmp_path: Path) -> N
     app = dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
     http = app.test_client()
     with app.app_context():
-        app.extensions["quota"].quota.block(ip="10.0.0.7", seconds=300, reason="<b>scraper</b>")
+        block(get_state(app), Caller.of(ip="10.0.0.7"), 300, "<b>scraper</b>", "api")
     page = http.get("/quota/blocks", headers=OPS)
     text = page.get_data(as_text=True)
     assert page.status_code == 200 and "ip=10.0.0.7" in text

@@ -20,7 +20,8 @@ from flask_quota import Identity, Plan, Quota, QuotaExceeded
 from flask_quota.core.algorithms import Algorithm
 from flask_quota.core.calendar import MONTH, YEAR, Calendar
 from flask_quota.core.checks import Check
-from flask_quota.core.enforcer import Enforcer, Facts
+from flask_quota.core.enforcer import Enforcer
+from flask_quota.core.facts import Facts
 from flask_quota.core.keys import KeyBuilder, remote_ip_tag
 from flask_quota.core.policy import Policy
 from flask_quota.core.rates import parse_rate, parse_rates

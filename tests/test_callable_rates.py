@@ -77,7 +77,7 @@ def test_each_distinct_answer_is_parsed_once(
         parsed.append(text)
         return real(text)  # type: ignore[arg-type]
 
-    monkeypatch.setattr("flask_quota.core.enforcer.parse_rates", counting)
+    monkeypatch.setattr("flask_quota.core.facts.parse_rates", counting)
     http = ai_app(app, clock)[0].test_client()
     for _ in range(3):
         http.get("/ai?who=ann")

@@ -197,6 +197,16 @@ def test_the_wiring_follows_quota_deny_cache(app: Flask, redis_server: RedisServ
     assert not isinstance(get_state(other).storage, DenyCache)
     with pytest.raises(ValueError, match="QUOTA_DENY_CACHE"):
         Settings.from_config({"QUOTA_DENY_CACHE": "sometimes"})
+    # Found in review: set with an injected storage it silently did nothing. It is
+    # refused, naming the way to compose one; unset, an injected storage has none.
+    injected = Flask(__name__, instance_path=app.instance_path)
+    injected.config.update(QUOTA_DENY_CACHE=True, QUOTA_DATABASE_URL="sqlite://")
+    with pytest.raises(ValueError, match=r"QUOTA_DENY_CACHE .*DenyCache\(storage\)"):
+        Quota(injected, storage=MemoryStorage())
+    plain = Flask(__name__, instance_path=app.instance_path)
+    plain.config.update(QUOTA_DATABASE_URL="sqlite://")
+    Quota(plain, storage=MemoryStorage())
+    assert isinstance(get_state(plain).storage, MemoryStorage)
 
 
 def evalsha_calls(server: RedisServer) -> int:

@@ -6,7 +6,8 @@ import pytest
 
 from flask_quota import Identity, Plan, PlanCatalog, QuotaExceeded, Tier
 from flask_quota.core.algorithms import Algorithm
-from flask_quota.core.enforcer import Decided, Enforcer, Facts, limit_hooks
+from flask_quota.core.enforcer import Decided, Enforcer
+from flask_quota.core.facts import Facts, limit_hooks
 from flask_quota.core.keys import KeyBuilder, remote_ip_tag
 from flask_quota.core.policy import Decision, LimitSpec, Policy, TierResult
 from flask_quota.core.rates import parse_rates

@@ -45,9 +45,11 @@ def test_exact_limits_under_load(
         "b": {"global": f"150/{WEEK}", "user": f"1000/{WEEK}"},
     }
     # Threaded workers (gthread): exact across the threads of a worker as across workers.
+    # A 2 s storage timeout: on a loaded machine the default 0.1 s lets a slow call fail
+    # open, and an admission that was never counted is not this test's subject.
     server = serve_many(
         tmp_path, plans, threads=4, QUOTA_STORAGE_URL=own_redis.url,
-        QUOTA_ALGORITHM=algorithm.value,
+        QUOTA_ALGORITHM=algorithm.value, QUOTA_STORAGE_TIMEOUT="2",
     )  # fmt: skip
     try:
         # Callers u* use /ping (user tier binds), callers w* use /work (endpoint binds).

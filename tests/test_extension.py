@@ -9,6 +9,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from flask_quota import Identity, Quota, QuotaExceeded
+from flask_quota.state import QuotaState
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock
 
@@ -61,7 +62,7 @@ def test_state_lives_in_app_extensions(app: Flask, clock: FrozenClock) -> None:
     """init_app keeps per-app state in app.extensions['quota'] and sets config defaults."""
     quota = Quota()
     quota.init_app(app)
-    assert app.extensions["quota"].quota is quota
+    assert isinstance(app.extensions["quota"], QuotaState)
     assert app.config["QUOTA_ALGORITHM"] == "token_bucket"
 
 
@@ -289,8 +290,7 @@ def test_header_modes(
 
 def test_identity_loader_keys_the_user_tier_by_identity(app: Flask, clock: FrozenClock) -> None:
     """An identity keeps its budget across IPs; its plan sets the rates."""
-    _, http = make_app(app, clock)
-    quota: Quota = app.extensions["quota"].quota
+    quota, http = make_app(app, clock)
 
     @quota.identity_loader
     def load() -> Identity | None:

@@ -1,18 +1,14 @@
-"""Rate-limit headers: the tier shown and every value, for any mix of outcomes."""
+"""Rate-limit headers on a response: ours replace any of the same name, and renames
+(``QUOTA_HEADER_NAMES``) have one home. Which tier the values describe, for any mix of
+outcomes, is ``tests/test_route.py``'s."""
 
 from __future__ import annotations
 
-from hypothesis import given
 from hypothesis import strategies as st
 from werkzeug.datastructures import Headers
 
 from flask_quota.core.algorithms import Outcome
-from flask_quota.core.clock import ceil_seconds
-from flask_quota.core.headers import apply_headers, rate_limit_headers, sf_string
-from flask_quota.core.policy import Decision, TierResult
-from flask_quota.core.rates import Rate
-from flask_quota.core.tiers import Tier
-from flask_quota.settings import HeaderMode
+from flask_quota.core.headers import Renamer, apply_headers
 
 NOW = 1_700_000_000_000_000
 
@@ -24,49 +20,6 @@ outcomes = st.builds(
     st.integers(NOW - 10**6, NOW + 10**8),
     st.integers(0, 10**8),
 )
-
-
-@st.composite
-def decisions(draw: st.DrawFn) -> Decision:
-    tiers = draw(st.lists(outcomes, min_size=1, max_size=4))
-    names = ["global", "user", "res", "res@86400"]
-    return Decision(
-        "p",
-        tuple(
-            TierResult(Tier.ENDPOINT, names[i], Rate(o.limit, 60 * (i + 1)), o)
-            for i, o in enumerate(tiers)
-        ),
-        NOW,
-    )
-
-
-@given(decisions())
-def test_headers_show_the_denying_tier_else_the_closest(decision: Decision) -> None:
-    """The six headers describe ``decision.denied or decision.closest``, every tier
-    in RateLimit-Policy, in that order and format."""
-    shown = decision.denied or decision.closest
-    assert shown is not None
-    o = shown.outcome
-    policy = ", ".join(
-        f"{sf_string(r.name)};q={r.outcome.limit};w={r.rate.policy_window}"
-        for r in decision.results
-    )
-    expected = [
-        ("X-RateLimit-Limit", str(o.limit)),
-        ("X-RateLimit-Remaining", str(max(0, o.remaining))),
-        ("X-RateLimit-Reset", str(ceil_seconds(o.reset_us))),
-        ("X-RateLimit-Resource", shown.name),
-        ("RateLimit-Policy", policy),
-        (
-            "RateLimit",
-            f"{sf_string(shown.name)};r={max(0, o.remaining)};"
-            f"t={decision.seconds_until(o.reset_us)}",
-        ),
-    ]
-    assert rate_limit_headers(decision, HeaderMode.BOTH) == expected
-    assert rate_limit_headers(decision, HeaderMode.LEGACY) == expected[:4]
-    assert rate_limit_headers(decision, HeaderMode.IETF) == expected[4:]
-    assert rate_limit_headers(decision, HeaderMode.NONE) == []
 
 
 def test_apply_headers_replaces_ours_and_keeps_the_rest() -> None:
@@ -83,3 +36,21 @@ def test_apply_headers_replaces_ours_and_keeps_the_rest() -> None:
         ("Content-Type", "text/plain"),
         ("X-RateLimit-Limit", "5"),
     ]
+
+
+def test_a_renamer_renames_every_way_ours_are_sent() -> None:
+    """One home for renames: the pairs we write, the headers of a response an app built
+    from our error (moved to their names), and ``Retry-After``."""
+    renamer = Renamer({"X-RateLimit-Limit": "X-Quota-Limit", "Retry-After": "X-Wait"})
+    assert renamer.pairs([("X-RateLimit-Limit", "5"), ("RateLimit", "x")]) == [
+        ("X-Quota-Limit", "5"),
+        ("RateLimit", "x"),
+    ]
+    built = Headers([("X-RateLimit-Limit", "5"), ("Retry-After", "3")])
+    renamer.rename(built)
+    assert sorted(built.items()) == [("X-Quota-Limit", "5"), ("X-Wait", "3")]
+    assert Renamer.retry_after(renamer) == "X-Wait"
+    assert Renamer.retry_after(None) == "Retry-After"
+    renamed = Headers([("Content-Type", "text/plain")])
+    apply_headers(renamed, [("X-RateLimit-Limit", "5")], renamer)
+    assert renamed["X-Quota-Limit"] == "5" and "X-RateLimit-Limit" not in renamed

@@ -23,7 +23,7 @@ KNOWN_KEY = "known_key_0123456789"
 
 def limited_app(app: Flask, clock: FrozenClock, **config: Any) -> FlaskClient:
     app.config.update({"QUOTA_PLANS": {"free": {"user": "5/hour"}}, **config})
-    quota = Quota(app, storage=MemoryStorage(clock))
+    quota = app.config["TEST_QUOTA"] = Quota(app, storage=MemoryStorage(clock))
 
     @quota.api_key_loader
     def lookup(key: str) -> Identity | None:
@@ -147,7 +147,7 @@ def test_fuzzed_headers_never_raise(
     """Random API keys, X-Forwarded-For values and identities never cause a 500."""
     app = Flask(__name__, instance_path=str(tmp_path_factory.mktemp("fuzz")))
     http = limited_app(app, FrozenClock())
-    quota: Quota = app.extensions["quota"].quota
+    quota: Quota = app.config["TEST_QUOTA"]
     quota.identity_loader(lambda: Identity(user) if user else None)
     environ = {"HTTP_X_API_KEY": key.encode("utf-8", "replace").decode("latin-1")}
     environ["HTTP_X_FORWARDED_FOR"] = forwarded.encode("utf-8", "replace").decode("latin-1")

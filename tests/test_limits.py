@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from flask_quota import Quota
 from flask_quota.core.algorithms import Algorithm, Outcome
 from flask_quota.core.errors import QuotaExceeded
-from flask_quota.core.policy import Decision, TierCheck
+from flask_quota.core.policy import Decision, TierResult
 from flask_quota.core.rates import MAX_LIMIT, MAX_WINDOW, Rate, parse_rate
 from flask_quota.core.tiers import Tier
 from flask_quota.storage import Check, MemoryStorage, Storage
@@ -251,7 +251,10 @@ def never_fitting_decision(storage: Storage, cost: int) -> Decision:
     """The endpoint tier '10/minute' (token bucket) asked for ``cost`` units."""
     check = Check("e", Algorithm.TOKEN_BUCKET, parse_rate("10/minute"), cost)
     verdict = storage.decide([check])
-    return Decision.from_verdict("p", [TierCheck(Tier.ENDPOINT, "export", check)], verdict)
+    (outcome,) = verdict.outcomes
+    return Decision(
+        "p", (TierResult(Tier.ENDPOINT, "export", check.rate, outcome),), verdict.now_us
+    )
 
 
 @pytest.mark.parametrize("cost", [11, HUGE_COST])

@@ -38,7 +38,7 @@ def sql_app(tmp_path: Path) -> Iterator[tuple[Flask, FrozenClock]]:
         QUOTA_PLANS=PLANS,
         QUOTA_DATABASE_URL=f"sqlite:///{tmp_path / 'quota.sqlite3'}",
     )
-    quota = Quota(app, storage=MemoryStorage(clock))
+    quota = app.config["TEST_QUOTA"] = Quota(app, storage=MemoryStorage(clock))
 
     @app.get("/ai")
     @quota.limit(resource="ai_inference")
@@ -73,7 +73,7 @@ def test_cli_algorithm_and_shadow_apply_to_requests(sql_app: tuple[Flask, Frozen
     policy = denied.headers["RateLimit-Policy"]
     assert '"ai_inference";q=5;w=60' in policy and '"user"' not in policy
     with app.app_context():  # peek reads the fixed-window bucket the requests used
-        buckets = {b.name: b for b in app.extensions["quota"].quota.peek(ip="127.0.0.1")}
+        buckets = {b.name: b for b in app.config["TEST_QUOTA"].peek(ip="127.0.0.1")}
     assert buckets["ai_inference (GET)"].remaining == 0
     listing = cli(app, "plans", "list")
     assert re.search(r"free\s+user\s+-\s+2/minute\s+\S+\s+shadow", listing)

@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 
 from flask_quota import Quota
 from flask_quota.core.algorithms import Algorithm
-from flask_quota.core.headers import rate_limit_headers
+from flask_quota.core.clock import ceil_seconds
+from flask_quota.core.headers import policy_header, printable, sf_string
 from flask_quota.core.keys import KeyBuilder
 from flask_quota.core.plans import LimitMode, Plan, PlanCatalog
-from flask_quota.core.policy import Decision, LimitSpec, Policy, gate_check
+from flask_quota.core.policy import Decision, LimitSpec, Policy, TierResult, gate_check
 from flask_quota.core.rates import Rate, parse_rates
 from flask_quota.core.reply import Reply
 from flask_quota.core.route import build_route
@@ -94,6 +95,36 @@ REPLY_TIER = st.tuples(
 )
 
 
+def expected_headers(decision: Decision, mode: HeaderMode) -> list[tuple[str, str]]:
+    """SPEC 4's headers of a decision, from its ``Decision`` objects (the oracle): the
+    denying tier, else the closest to its limit (fewest remaining; ties: the one that
+    resets last), shadow tiers and concurrency limits left out."""
+    results = decision.rated
+    if not results or mode is HeaderMode.NONE:
+        return []
+    shown = decision.shown
+    assert shown is not None
+    outcome = shown.outcome
+    remaining = str(max(0, outcome.remaining))
+    legacy = [
+        ("X-RateLimit-Limit", str(outcome.limit)),
+        ("X-RateLimit-Remaining", remaining),
+        ("X-RateLimit-Reset", str(ceil_seconds(outcome.reset_us))),
+        ("X-RateLimit-Resource", printable(shown.name)),
+    ]
+    policies = policy_header(
+        tuple((r.name, r.outcome.limit, r.rate.policy_window) for r in results)
+    )
+    reset_in = decision.seconds_until(outcome.reset_us)
+    ietf = [
+        ("RateLimit-Policy", policies),
+        ("RateLimit", f"{sf_string(shown.name)};r={remaining};t={reset_in}"),
+    ]
+    if mode is HeaderMode.LEGACY:
+        return legacy
+    return ietf if mode is HeaderMode.IETF else legacy + ietf
+
+
 @given(
     tiers=st.lists(REPLY_TIER, min_size=5, max_size=5),
     now=st.integers(0, 10**8),
@@ -115,11 +146,13 @@ def test_headers_from_the_reply_are_the_decisions_byte_for_byte(
             reply[1] = 0  # as every storage answers: all_allowed covers the enforced tiers
     blocked, decision = route.decision(reply)
     assert blocked is None
-    assert route.headers(reply, mode) == rate_limit_headers(decision, mode)
+    assert route.headers(reply, mode) == expected_headers(decision, mode)
+    # A decision settled after the response is shown by the same code.
+    assert route.settled_headers(decision, mode) == expected_headers(decision, mode)
 
 
 def test_decision_from_the_reply_is_the_verdicts() -> None:
-    """``route.decision`` equals ``Decision.from_verdict`` over the same storage answer."""
+    """``route.decision`` equals the decision made of the same storage answer's verdict."""
     clock = FrozenClock()
     storage = MemoryStorage(clock=clock)
     policy = Policy(KeyBuilder(), Algorithm.TOKEN_BUCKET)
@@ -133,7 +166,14 @@ def test_decision_from_the_reply_is_the_verdicts() -> None:
         gate, decision = route.decision(reply)
         tiers = route.tier_checks(keys)
         tier_verdict = verdict_of([c.check for c in tiers], reply[4:])
-        expected = Decision.from_verdict("p", tiers, tier_verdict)
+        expected = Decision(
+            "p",
+            tuple(
+                TierResult(c.tier, c.name, c.check.rate, o, c.resource, c.check.shadow)
+                for c, o in zip(tiers, tier_verdict.outcomes, strict=True)
+            ),
+            tier_verdict.now_us,
+        )
         assert gate is None
         assert decision == expected
         clock.advance(0.001)
@@ -156,21 +196,21 @@ def test_routes_are_cached_per_catalog_and_rebuilt_when_it_changes() -> None:
     app = Flask(__name__)
     app.config.update(QUOTA_DATABASE_URL="sqlite://")
     Quota(app, storage=MemoryStorage(clock=FrozenClock()))
-    state = get_state(app)
+    enforcer = get_state(app).enforcer
     spec = LimitSpec(parse_rates("100/minute"), None, 1)
     old, new = PlanCatalog([PLAN]), PlanCatalog([PLAN])
-    route = state.route(old, PLAN, "view", "GET", spec, "view", 1)
-    assert state.route(old, PLAN, "view", "GET", spec, "view", 1) is route  # cached
-    assert state.route(old, PLAN, "view", "POST", spec, "view", 1) is not route
-    assert state.route(old, PLAN, "view", "GET", spec, "view", 2) is not route  # another cost
-    assert len(state.routes.current) == 3
-    again = state.route(new, PLAN, "view", "GET", spec, "view", 1)  # a plan change
+    route = enforcer.route(old, PLAN, "view", "GET", spec, "view", 1)
+    assert enforcer.route(old, PLAN, "view", "GET", spec, "view", 1) is route  # cached
+    assert enforcer.route(old, PLAN, "view", "POST", spec, "view", 1) is not route
+    assert enforcer.route(old, PLAN, "view", "GET", spec, "view", 2) is not route  # another cost
+    assert len(enforcer.routes.current) == 3
+    again = enforcer.route(new, PLAN, "view", "GET", spec, "view", 1)  # a plan change
     assert again is not route and again.calls == route.calls
-    assert len(state.routes.current) == 1 and state.routes_of is new
+    assert len(enforcer.routes.current) == 1 and enforcer.routes_of is new
     # A plan equal to the cached one but another object (an override re-resolved, or a
     # new id after the old plan was freed) gets a route of its own: entries hold their plan.
     other = Plan("p", global_rate="1/second")
-    assert state.route(new, other, "view", "GET", spec, "view", 1).plan is other
+    assert enforcer.route(new, other, "view", "GET", spec, "view", 1).plan is other
 
 
 def _route_state() -> Any:
@@ -184,27 +224,27 @@ def test_costs_from_a_callable_never_evict_the_routes_in_use() -> None:
     """A cost from a callable can take thousands of values. Each is a route derived from
     the cost-1 route (sharing all but its checks), and filling the bounded cache with
     them keeps the routes in use rather than rebuilding every route (~60 us a request)."""
-    state = _route_state()
+    enforcer = _route_state().enforcer
     catalog = PlanCatalog([PLAN])
     spec = LimitSpec(parse_rates("100/minute"), None, 1)
-    unit = state.route(catalog, PLAN, "view", "GET", spec, "search", 1)
-    two = state.route(catalog, PLAN, "view", "GET", spec, "search", 2)
+    unit = enforcer.route(catalog, PLAN, "view", "GET", spec, "search", 1)
+    two = enforcer.route(catalog, PLAN, "view", "GET", spec, "search", 2)
     for cost in range(3, 10_000):
-        state.route(catalog, PLAN, "view", "GET", spec, "search", cost)
+        enforcer.route(catalog, PLAN, "view", "GET", spec, "search", cost)
         if cost % 100 == 0:
-            assert state.route(catalog, PLAN, "view", "GET", spec, "search", 1) is unit, cost
-            assert state.route(catalog, PLAN, "view", "GET", spec, "search", 2) is two, cost
-    assert len(state.routes.current) <= 4096 and len(state.routes.retired) <= 4096
-    policy = state.policy
+            assert enforcer.route(catalog, PLAN, "view", "GET", spec, "search", 1) is unit, cost
+            assert enforcer.route(catalog, PLAN, "view", "GET", spec, "search", 2) is two, cost
+    assert len(enforcer.routes.current) <= 4096 and len(enforcer.routes.retired) <= 4096
+    policy = enforcer.policy
     for cost in (0, 2, 7, 9_999):
-        variant = state.route(catalog, PLAN, "view", "GET", spec, "search", cost)
+        variant = enforcer.route(catalog, PLAN, "view", "GET", spec, "search", cost)
         built = build_route(policy, PLAN, method="GET", spec=spec, resource="search", cost=cost)
         assert variant.calls == built.calls and variant.tiers == built.tiers
         assert (variant.parts, variant.limits, variant.policy) == (
             built.parts, built.limits, built.policy
         )  # fmt: skip
         assert variant.parts is unit.parts  # derived from the cost-1 route, not rebuilt
-        again = state.route(catalog, PLAN, "view", "GET", spec, "search", cost)
+        again = enforcer.route(catalog, PLAN, "view", "GET", spec, "search", cost)
         assert again.calls is variant.calls  # the tuple is reused: backends cache by identity
         # Only the endpoint tier weighs the cost; global and user count the request.
         assert [c.cost for c in variant.calls[1:]] == [1, 1, 1, cost, cost]
@@ -213,16 +253,16 @@ def test_costs_from_a_callable_never_evict_the_routes_in_use() -> None:
 def test_a_route_in_use_survives_the_cache_filling_up() -> None:
     """Many plans (a re-resolved override per client) fill the bounded route cache; a
     route that requests keep using is kept rather than dropped with all the others."""
-    state = _route_state()
+    enforcer = _route_state().enforcer
     catalog = PlanCatalog([PLAN])
     spec = LimitSpec(parse_rates("100/minute"), None, 1)
-    hot = state.route(catalog, PLAN, "view", "GET", spec, "search", 1)
+    hot = enforcer.route(catalog, PLAN, "view", "GET", spec, "search", 1)
     plans = [Plan(f"c{i}", global_rate="1/second") for i in range(10_000)]
     for i, plan in enumerate(plans):
-        state.route(catalog, plan, "view", "GET", spec, "search", 1)
+        enforcer.route(catalog, plan, "view", "GET", spec, "search", 1)
         if i % 100 == 0:
-            assert state.route(catalog, PLAN, "view", "GET", spec, "search", 1) is hot, i
-    assert len(state.routes.current) <= 4096 and len(state.routes.retired) <= 4096
+            assert enforcer.route(catalog, PLAN, "view", "GET", spec, "search", 1) is hot, i
+    assert len(enforcer.routes.current) <= 4096 and len(enforcer.routes.retired) <= 4096
 
 
 def test_a_plan_is_a_value_its_callers_dicts_cannot_change() -> None:

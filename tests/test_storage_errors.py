@@ -11,6 +11,7 @@ import pytest
 
 from flask_quota.core.algorithms import Algorithm
 from flask_quota.core.rates import parse_rate
+from flask_quota.recorder import usage_sink
 from flask_quota.storage import Check, MemoryStorage, StorageError
 from flask_quota.storage.cluster import ClusterStorage
 from flask_quota.storage.redis import RedisStorage
@@ -18,7 +19,6 @@ from flask_quota.storage.redis_errors import REDIS_ERRORS
 from flask_quota.storage.redis_usage import RedisUsageSink
 from flask_quota.storage.sentinel import SentinelStorage
 from flask_quota.storage.usage import MemoryUsageSink
-from flask_quota.tools.usage import usage_sink
 
 DEAD = "127.0.0.1:1"  # nothing listens there: every connection is refused at once
 

@@ -231,7 +231,8 @@ def test_the_enforcer_keeps_tenant_and_tenantless_routes_apart(clock: FrozenCloc
     """Without Flask: one endpoint's route differs with and without a tenant, whichever
     comes first, and the tenant's bucket is keyed by the tenant, not the caller."""
     from flask_quota import Plan, PlanCatalog, QuotaExceeded
-    from flask_quota.core.enforcer import Enforcer, Facts
+    from flask_quota.core.enforcer import Enforcer
+    from flask_quota.core.facts import Facts
     from flask_quota.core.keys import remote_ip_tag
     from flask_quota.core.policy import Policy
     from flask_quota.settings import FailMode

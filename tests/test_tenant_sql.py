@@ -30,7 +30,7 @@ PLANS = {
 def app(tmp_path: Path, database_url: str) -> Iterator[Flask]:
     app = Flask(__name__, instance_path=str(tmp_path / "instance"))
     app.config.update(TESTING=True, QUOTA_PLANS=PLANS, QUOTA_DATABASE_URL=database_url)
-    Quota(app)
+    app.config["TEST_QUOTA"] = Quota(app)
 
     @app.get("/items")
     def items() -> str:
@@ -152,7 +152,7 @@ def test_a_clients_own_billing_day_moves_its_month(tmp_path: Path, database_url:
         QUOTA_DATABASE_URL=database_url,
         QUOTA_STATUS_URL="/rate_limit",
     )
-    Quota(app, storage=MemoryStorage(clock))
+    app.config["TEST_QUOTA"] = Quota(app, storage=MemoryStorage(clock))
 
     @app.get("/items")
     def items() -> str:
@@ -172,7 +172,7 @@ def test_a_clients_own_billing_day_moves_its_month(tmp_path: Path, database_url:
         left = own_reset - int(clock.now_us // 1_000_000)
         assert (user["remaining"], user["reset"]) == (0, left)  # its own month, read
         with app.app_context():  # and so does an operator's peek
-            (bucket,) = app.extensions["quota"].quota.peek(str(own_id))
+            (bucket,) = app.config["TEST_QUOTA"].peek(str(own_id))
             assert (bucket.remaining, bucket.reset_in) == (0, left)
         clock.now_us = int(datetime(2026, 3, 25, 0, 0, 1, tzinfo=UTC).timestamp() * 1e6)
         assert statuses(app, [own, default]) == [200, 429]
@@ -226,7 +226,7 @@ def test_peek_and_reset_see_what_the_tenant_overrides_make(app: Flask) -> None:
     assert run(app, "overrides", "set", "--tenant", "acme", "tenant", "3/minute").exit_code == 0
     assert run(app, "overrides", "set", "--tenant", "acme", "user", "4/hour").exit_code == 0
     assert statuses(app, [alice] * 4) == [200, 200, 200, 429]
-    quota = app.extensions["quota"].quota
+    quota = app.config["TEST_QUOTA"]
     with app.app_context():
         (bucket,) = quota.peek(tenant="acme")
         assert (bucket.tier, bucket.rate, bucket.remaining) == ("tenant", "3/minute", 0)

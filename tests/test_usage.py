@@ -18,6 +18,7 @@ from flask import Flask
 
 from flask_quota import Quota
 from flask_quota.core.keys import remote_ip_tag
+from flask_quota.recorder import UsageRecorder, usage_sink
 from flask_quota.settings import FailMode
 from flask_quota.storage import MemoryStorage
 from flask_quota.storage.breaker import CircuitBreaker
@@ -35,7 +36,6 @@ from flask_quota.storage.usage import (
     UsageSink,
 )
 from flask_quota.testing import FrozenClock
-from flask_quota.tools.usage import UsageRecorder, usage_sink
 from tests.servers import RedisServer
 from tests.test_redis import CountingConnection, counting_client
 
@@ -214,7 +214,7 @@ def test_counts_after_a_quiet_spell_flush_at_once_then_at_most_once_an_interval(
 _FORKED_WORKER = """
 import os, sys, threading, time
 from flask_quota.storage.usage import MemoryUsageSink
-from flask_quota.tools.usage import UsageRecorder
+from flask_quota.recorder import UsageRecorder
 
 parent, busy, child_got = os.getpid(), threading.Event(), threading.Event()
 

@@ -13,8 +13,8 @@ import time
 
 import redis
 
+from flask_quota.recorder import UsageRecorder
 from flask_quota.storage.redis_usage import RedisUsageSink
-from flask_quota.tools.usage import UsageRecorder
 from tests.servers import RedisServer
 from tests.test_redis import CountingConnection, counting_client
 

@@ -12,60 +12,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from . import leases
 from .algorithms import Outcome
 from .checks import Check
 from .errors import CallerBlocked, QuotaExceeded, QuotaUnavailable
+from .facts import Facts, Limit
 from .generations import Generations
-from .identity import Identity
 from .keys import KeyBuilder
 from .plans import Plan, PlanCatalog
 from .policy import Decision, LimitSpec, Policy, TierCheck, TierResult
-from .rates import Rate, Rates, parse_rates
 from .reply import HeldReply, LocalReply, Reply
 from .route import Route, build_route
 from .tiers import Tier
-from .validators import is_count
 
-__all__ = [
-    "Decided",
-    "DecisionObserver",
-    "Enforcer",
-    "Events",
-    "Facts",
-    "Guard",
-    "limit_hooks",
-    "stack_hooks",
-]
+__all__ = ["Decided", "DecisionObserver", "Enforcer", "Events", "Guard"]
 
 ROUTES = 4096  # routes per generation of the route cache
 # (plan id, endpoint, method, cost, no limit?, tenant?, shape): ``shape`` is None for a
 # view with one literal-rate limit (the endpoint says which), else its limits and costs.
 RouteKey = tuple[int, str | None, str, int, bool, bool, object]
-Limit = tuple[LimitSpec, int, str | None]  # a limit that applies: (spec, cost, key owner)
 
 # What ``DecisionObserver.unavailable`` is told: the storage could not answer, and
 # the fail mode refused the request (closed) or let it through (open).
 FAIL_CLOSED, FAIL_OPEN = "fail_closed", "fail_open"
-
-
-@dataclass(slots=True)  # not frozen: one is made per request, and frozen costs twice
-class Facts:
-    """What the decision needs to know about one request (never changed once made)."""
-
-    method: str
-    endpoint: str | None
-    ip_tag: str  # the remote address's tag (``keys.remote_ip_tag``)
-    identity: Identity | None  # None: anonymous, keyed by ``ip_tag``
-    spec: LimitSpec | None = None  # the view's ``@quota.limit``, if it applies
-    cost: int = 1  # the endpoint tier's cost, already evaluated
-    owner: str | None = None  # the ``key=`` callable's answer: the endpoint bucket's owner
-    # A stacked view's further limits that apply, each (spec, cost, owner) as above: their
-    # resources are set (``state.view_limit``), and all are decided in the same call.
-    more: tuple[Limit, ...] = ()
 
 
 @dataclass(slots=True)  # not frozen: one is made per request, and frozen costs twice
@@ -144,82 +116,17 @@ def counted_by(counted: Callable[[LimitSpec], bool], decided: Decided, check: Ti
     return spec is None or counted(spec)
 
 
-def _denying(facts: Facts, denied: TierResult) -> tuple[LimitSpec | None, int]:
+def _denying(facts: Facts | None, denied: TierResult) -> tuple[LimitSpec | None, int]:
     """The limit that denied (None: a plan's tier) and its cost; a limit's own
     ``concurrent=`` denial is that limit's too."""
+    if facts is None:
+        return None, 1
     if denied.tier not in (Tier.ENDPOINT, Tier.CONCURRENT) or denied.resource is None:
         return None, facts.cost
     for spec, cost, _ in facts.more:
         if spec.resource == denied.resource:
             return spec, cost
     return facts.spec, facts.cost
-
-
-def limit_hooks(
-    spec: LimitSpec | None, endpoint: str | None
-) -> tuple[LimitSpec | None, int, str | None]:
-    """(the limit, its cost, its key owner) with the view's callables evaluated and
-    checked: a ``key`` answering None means the limit does not apply to the request."""
-    if spec is None:
-        return None, 1, None
-    owner = None
-    if spec.key is not None:
-        owner = spec.key()
-        if owner is None:
-            return None, 1, None  # "no org on this request"
-        if not isinstance(owner, str) or not owner:
-            raise TypeError(f"key callable of {endpoint!r} returned {owner!r}, not a str (or None)")
-    if spec.rate_of is not None:
-        spec = rated(spec, endpoint)
-    weight = spec.cost
-    if not callable(weight):
-        return spec, weight, owner  # an int, checked by @quota.limit
-    cost = weight()
-    if not is_count(cost):
-        raise TypeError(f"cost callable of {endpoint!r} returned {cost!r}, not an int >= 0")
-    return spec, cost, owner
-
-
-def rated(spec: LimitSpec, endpoint: str | None) -> LimitSpec:
-    """``spec`` with its callable rate's answer for this request as its rates. Each
-    distinct answer is parsed once: ``spec.rated`` keeps the copies (bounded), and a
-    copy's rates are part of its route's key, while its bucket's key is the resource's."""
-    assert spec.rate_of is not None
-    answer = spec.rate_of()
-    if not isinstance(answer, str | Rate | Rates):
-        raise TypeError(
-            f"rate callable of {endpoint!r} returned {answer!r}, not a rate string such as "
-            "'10/minute' (or several, '10/second, 1000/day')"
-        )
-    cache = spec.rated
-    found = cache.current.get(answer) or cache.recall(answer)
-    if found is None:
-        try:
-            rates = parse_rates(answer)
-        except ValueError as exc:
-            raise ValueError(f"rate callable of {endpoint!r}: {exc}") from None
-        found = replace(spec, rate=rates)
-        cache.put(answer, found)
-    return found
-
-
-def stack_hooks(
-    specs: Sequence[LimitSpec], endpoint: str | None
-) -> tuple[LimitSpec | None, int, str | None, tuple[Limit, ...]]:
-    """``limit_hooks`` of each limit of a stacked view that applies to the request (its
-    ``exempt_when`` says no, its ``key`` an owner): the first as (limit, cost, owner),
-    the others as ``Facts.more``."""
-    found = [
-        hooked
-        for spec in specs
-        if spec.exempt_when is None or not spec.exempt_when()
-        for hooked in (limit_hooks(spec, endpoint),)
-        if hooked[0] is not None
-    ]
-    if not found:
-        return None, 1, None, ()
-    (spec, cost, owner), *more = found
-    return spec, cost, owner, tuple((s, c, o) for s, c, o in more if s is not None)
 
 
 def error_detail(spec: LimitSpec | None, endpoint: str | None) -> str | None:
@@ -293,10 +200,10 @@ class Enforcer:
         )  # fmt: skip
         if not route.tiers:
             return None
-        if route.billed is not None and facts.identity is not None:
+        if route.billed is not None:
             # A calendar month is on the route: the caller's own billing day, if any.
-            day = catalog.billing_day(facts.identity.id)
-            if day is not None and 1 <= day <= 31:
+            day = self.billing_day(catalog, facts)
+            if day is not None:
                 route = route.on_billing_day(day)
         owner = KeyBuilder.key_tag(facts.owner) if facts.owner is not None else tag
         # The caller's block gate is read in the same storage call as its tiers (and its
@@ -310,13 +217,11 @@ class Enforcer:
             member = leases.new_member()
             for i in route.leases:
                 keys[i] += member
-        observer = self.observer
-        if observer is not None and not observer.watching():
-            observer = None
+        observer = self.watching()
         if observer is not None:
-            reply = self._ask(route, keys, plan, observer)
+            reply = self.ask(route.calls, keys, lambda: route.tier_checks(keys), plan, observer)
         else:
-            reply = self._call(route, keys)
+            reply = self._call(route.calls, keys)
         if reply is None:  # storage down, failing open
             return None
         decided = Decided(
@@ -336,13 +241,44 @@ class Enforcer:
         if not crossed and admitted and not route.shadow and observer is None:
             return decided  # nothing to signal or count: the usual case
         blocked, decision = route.decision(reply)
+        return self.conclude(
+            catalog, plan, decision, facts, tag=tag, gate=blocked, gate_key=keys[0],
+            observer=observer, local=type(reply) is LocalReply, decided=decided, keep=keep,
+            crossed=crossed,
+        )  # fmt: skip
+
+    def conclude(
+        self,
+        catalog: PlanCatalog,
+        plan: Plan,
+        decision: Decision,
+        facts: Facts | None,
+        *,
+        tag: str | None,
+        gate: Outcome | None = None,
+        gate_key: str = "",
+        observer: DecisionObserver | None,
+        local: bool = False,
+        decided: Decided | None = None,
+        keep: Callable[[Decided], object] | None = None,
+        crossed: list[int] | None = None,
+    ) -> Decided | None:
+        """The tail of every decision (a request's, ``quota.limited``'s, the status
+        view's): the observer is told (metrics, spans), a blocked caller is refused
+        (``gate``, its block gate's denial, read at ``gate_key``), a shadow denial and
+        a denial are signalled, and a denial counts towards ``QUOTA_BLOCK_AFTER`` for
+        ``tag`` (None: no caller to block) and raises ``QuotaExceeded``. ``facts`` name
+        the limits whose denial it may be (their ``error_message``, cost and unit).
+        ``decided`` is returned when nothing denied; ``keep`` is handed it before a
+        denial is raised. ``crossed``: the results whose near-limit line the request
+        crossed, told here."""
         if observer is not None:
-            observer.decided(decision, local=type(reply) is LocalReply, blocked=blocked is not None)
+            observer.decided(decision, local=local, blocked=gate is not None)
         if crossed:
             self._near(decision, crossed, observer)
-        if blocked is not None:
-            raise self.refusal(decision, blocked, keys[0])
-        if keep is not None:
+        if gate is not None:
+            raise self.refusal(decision, gate, gate_key)
+        if keep is not None and decided is not None:
             keep(decided)
         if self.events is not None and decision.shadow_denied:
             self.events.shadow_exceeded(decision)
@@ -353,12 +289,12 @@ class Enforcer:
             self.events.exceeded(decision)
         # Waiting for a slot is what a concurrency denial asks (Retry-After: 1), so it
         # never counts towards QUOTA_BLOCK_AFTER.
-        if self.escalate is not None and denied.tier is not Tier.CONCURRENT:
+        if self.escalate is not None and tag is not None and denied.tier is not Tier.CONCURRENT:
             block = self.escalate(tag)
             if block is not None:
                 # Blocked now: by this denial, or meanwhile by anyone (an operator too),
                 # so what the block says is read, as at the gate.
-                raise self.refusal(decision, block, keys[0])
+                raise self.refusal(decision, block, gate_key)
         limit, cost = _denying(facts, denied)
         resource_name = denied.resource if denied.tier is Tier.ENDPOINT else None
         if denied.tier is Tier.CONCURRENT:
@@ -366,11 +302,20 @@ class Enforcer:
         else:
             upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
         unit = plan.unit_for(resource_name, limit.unit if limit is not None else None)
-        detail = error_detail(limit, facts.endpoint)
+        detail = error_detail(limit, facts.endpoint if facts is not None else None)
         raise QuotaExceeded(decision, upgrade=upgrade, cost=cost, detail=detail, unit=unit)
 
-    def _call(self, route: Route, keys: list[str]) -> Reply | None:
-        reply = self.guard.decide_flat(route.calls, keys)
+    def billing_day(self, catalog: PlanCatalog, facts: Facts | None) -> int | None:
+        """The caller's own billing day (an SQL client's), which its calendar months
+        start on instead of ``QUOTA_BILLING_DAY``; None for none (or an invalid one)."""
+        identity = facts.identity if facts is not None else None
+        if identity is None:
+            return None
+        day = catalog.billing_day(identity.id)
+        return day if day is not None and 1 <= day <= 31 else None
+
+    def _call(self, calls: Sequence[Check], keys: Sequence[str]) -> Reply | None:
+        reply = self.guard.decide_flat(calls, keys)
         if reply is None or type(reply) is Reply or type(reply) is HeldReply:
             return reply  # ours already: no copy
         return LocalReply(reply) if isinstance(reply, LocalReply) else Reply(reply)
@@ -402,21 +347,35 @@ class Enforcer:
             if self.events is not None:
                 self.events.near_limit(decision, result)
 
-    def _ask(
-        self, route: Route, keys: list[str], plan: Plan, observer: DecisionObserver
+    def ask(
+        self,
+        calls: Sequence[Check],
+        keys: Sequence[str],
+        tiers: Callable[[], Sequence[TierCheck]],
+        plan: Plan,
+        observer: DecisionObserver | None,
     ) -> Reply | None:
-        """``_call``, timed and told to the observer, failures included."""
+        """The storage's reply for ``calls`` on ``keys`` (None: failing open), timed and
+        told to ``observer`` when one watches, failures included (``tiers()``: what
+        could not be decided)."""
+        if observer is None:
+            return self._call(calls, keys)
         start = time.perf_counter()
         try:
-            reply = self._call(route, keys)
+            reply = self._call(calls, keys)
         except QuotaUnavailable:
             observer.stored(time.perf_counter() - start)
-            observer.unavailable(route.tier_checks(keys), plan.name, FAIL_CLOSED)
+            observer.unavailable(tiers(), plan.name, FAIL_CLOSED)
             raise
         observer.stored(time.perf_counter() - start)
         if reply is None:
-            observer.unavailable(route.tier_checks(keys), plan.name, FAIL_OPEN)
+            observer.unavailable(tiers(), plan.name, FAIL_OPEN)
         return reply
+
+    def watching(self) -> DecisionObserver | None:
+        """The observer, when it wants this decision (asked once per decision)."""
+        observer = self.observer
+        return observer if observer is not None and observer.watching() else None
 
     # -- after the response -----------------------------------------------------
 
@@ -486,7 +445,7 @@ class Enforcer:
             ]
             decided.near = None
             if crossed:
-                self._near(settled, crossed, self._watching())
+                self._near(settled, crossed, self.watching())
         elif decided.near is not None:
             self.done(decided)
         return settled
@@ -496,11 +455,7 @@ class Enforcer:
         its admission made on endpoint tiers (see ``Decided.near``)."""
         crossed, decided.near = decided.near, None
         if crossed:
-            self._near(decided.decision(), crossed, self._watching())
-
-    def _watching(self) -> DecisionObserver | None:
-        observer = self.observer
-        return observer if observer is not None and observer.watching() else None
+            self._near(decided.decision(), crossed, self.watching())
 
     def release(self, decided: Decided) -> None:
         """Give back the leases an admitted request holds: one storage call, after its

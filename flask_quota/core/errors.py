@@ -9,7 +9,7 @@ from werkzeug.exceptions import HTTPException, ServiceUnavailable, TooManyReques
 
 from .algorithms import Outcome
 from .clock import ceil_seconds
-from .headers import ENVIRON_KEY
+from .headers import ENVIRON_KEY, RETRY_AFTER
 from .policy import Decision
 from .tiers import Tier
 from .validators import DEFAULT_UNIT as UNIT
@@ -55,8 +55,8 @@ class _Problem(HTTPException):
         self, environ: Any = None, scope: dict[str, Any] | None = None
     ) -> list[tuple[str, str]]:
         pairs = [("Content-Type", "application/problem+json"), *self.extra_headers()]
-        names = environ.get(ENVIRON_KEY) if environ else None  # QUOTA_HEADER_NAMES
-        return [(names.get(k, k), v) for k, v in pairs] if names else pairs
+        renamer = environ.get(ENVIRON_KEY) if environ else None  # QUOTA_HEADER_NAMES
+        return renamer.pairs(pairs) if renamer is not None else pairs
 
 
 class _Denial(NamedTuple):
@@ -169,7 +169,7 @@ class QuotaExceeded(_Problem, TooManyRequests):
 
     def extra_headers(self) -> list[tuple[str, str]]:
         """``Retry-After`` in whole seconds, at least 1."""
-        return [("Retry-After", str(self.retry_after))]
+        return [(RETRY_AFTER, str(self.retry_after))]
 
 
 def _concurrent_detail(slots: int, resource: str | None, plan: str) -> str:
@@ -196,7 +196,7 @@ class CallerBlocked(QuotaExceeded):
     ``decision`` holds the tiers as the storage saw them; none was charged. ``by``
     is who blocked, as stored with the block (``"auto"``: ``QUOTA_BLOCK_AFTER``;
     anything else: an operator); ``reason`` is shown only when given, which
-    ``blocks.caller_facing`` does for a reason the operator made public.
+    ``blocking.caller_facing`` does for a reason the operator made public.
     """
 
     def __init__(
@@ -255,7 +255,7 @@ class QuotaUnavailable(_Problem, ServiceUnavailable):
 
     def extra_headers(self) -> list[tuple[str, str]]:
         """``Retry-After`` until the next probe of the storage."""
-        return [("Retry-After", str(self.retry_after))]
+        return [(RETRY_AFTER, str(self.retry_after))]
 
 
 class InvalidApiKey(_Problem, Unauthorized):

@@ -1,4 +1,8 @@
-"""Rate-limit response headers: legacy ``X-RateLimit-*`` and IETF draft-11."""
+"""Rate-limit response headers: their names, legacy ``X-RateLimit-*`` and IETF
+draft-11, and ``QUOTA_HEADER_NAMES``' renames (``Renamer``): the one home of both.
+
+The values are written by ``core.route.Route.headers`` from a storage reply, the one
+implementation (a settled response's too: ``Route.settled_headers``)."""
 
 from __future__ import annotations
 
@@ -9,10 +13,9 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Protocol
 
-from .clock import ceil_seconds, seconds_until
-from .policy import Decision
-
 __all__ = [
+    "CONCURRENCY_LIMIT",
+    "CONCURRENCY_REMAINING",
     "ENVIRON_KEY",
     "LIMIT",
     "NAMES",
@@ -25,11 +28,11 @@ __all__ = [
     "RESOURCE",
     "RETRY_AFTER",
     "HeaderMode",
+    "Renamer",
     "apply_headers",
     "header_names",
     "policy_header",
     "printable",
-    "rate_limit_headers",
     "sf_string",
 ]
 
@@ -50,7 +53,11 @@ class Headers(Protocol):
 
     def add(self, key: str, value: str, /) -> None: ...
 
+    def get(self, key: str, /) -> str | None: ...
+
     def __setitem__(self, key: str, value: str, /) -> None: ...
+
+    def __delitem__(self, key: str, /) -> None: ...
 
 
 # Every header this library writes, in the order it writes them: legacy, then IETF.
@@ -67,8 +74,8 @@ CONCURRENCY_LIMIT = "X-Concurrency-Limit"
 CONCURRENCY_REMAINING = "X-Concurrency-Remaining"
 # What QUOTA_HEADER_NAMES may rename: every header we send. A new header joins here.
 RENAMEABLE = (*NAMES, RETRY_AFTER, CONCURRENCY_LIMIT, CONCURRENCY_REMAINING)
-# Where a request's WSGI environ holds QUOTA_HEADER_NAMES, when set: an error we raise
-# (errors.py) reads it as Werkzeug renders the error, wherever it was raised.
+# Where a request's WSGI environ holds the app's ``Renamer``, when it renames: an error
+# we raise (errors.py) reads it as Werkzeug renders the error, wherever it was raised.
 ENVIRON_KEY = "flask_quota.header_names"
 
 
@@ -87,38 +94,6 @@ def printable(value: str) -> str:
     return "".join(c if " " <= c <= "~" else "?" for c in value)
 
 
-def rate_limit_headers(decision: Decision, mode: HeaderMode) -> list[tuple[str, str]]:
-    """Headers for the tier that matters: the denying one, else the closest to its limit.
-
-    Shadow tiers are left out: they never deny, so a client has nothing to act on.
-    """
-    results = decision.rated
-    if not results or mode is HeaderMode.NONE:
-        return []
-    shown = decision.shown
-    assert shown is not None  # there are enforced results
-    outcome = shown.outcome
-    remaining = str(max(0, outcome.remaining))
-    if mode is HeaderMode.IETF:
-        headers: list[tuple[str, str]] = []
-    else:
-        headers = [
-            (LIMIT, str(outcome.limit)),
-            (REMAINING, remaining),
-            (RESET, str(ceil_seconds(outcome.reset_us))),
-            (RESOURCE, printable(shown.name)),
-        ]
-        if mode is HeaderMode.LEGACY:
-            return headers
-    policies = policy_header(
-        tuple([(r.name, r.outcome.limit, r.rate.policy_window) for r in results])
-    )
-    reset_in = seconds_until(outcome.reset_us, decision.now_us)
-    headers.append((POLICY, policies))
-    headers.append((RATELIMIT, f"{sf_string(shown.name)};r={remaining};t={reset_in}"))
-    return headers
-
-
 @lru_cache(maxsize=1024)
 def policy_header(tiers: tuple[tuple[str, int, int], ...]) -> str:
     """``RateLimit-Policy`` for (name, quota, window) of every tier; one per plan and route."""
@@ -129,18 +104,51 @@ def policy_header(tiers: tuple[tuple[str, int, int], ...]) -> str:
 OURS = frozenset(name.lower() for name in (*NAMES, CONCURRENCY_LIMIT, CONCURRENCY_REMAINING))
 
 
+class Renamer:
+    """``QUOTA_HEADER_NAMES``: our headers sent under other names. Every header flask-quota
+    writes goes through one (or, renaming nothing, none): on a response, on our errors'
+    own responses and on a response an app's error handler made from ours."""
+
+    __slots__ = ("names",)
+
+    def __init__(self, names: Mapping[str, str]) -> None:
+        self.names = dict(names)
+
+    def name(self, header: str) -> str:
+        """The name ``header`` (one of ``RENAMEABLE``) is sent under."""
+        return self.names.get(header, header)
+
+    def pairs(self, pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+        """``pairs`` under their names."""
+        return [(self.names.get(k, k), v) for k, v in pairs]
+
+    def rename(self, headers: Headers) -> None:
+        """Move our headers that carry their usual names (a response an app built from
+        our error) to theirs."""
+        for ours, theirs in self.names.items():
+            value = headers.get(ours)
+            if value is not None and theirs != ours:
+                del headers[ours]
+                headers[theirs] = value
+
+    @staticmethod
+    def retry_after(renamer: Renamer | None) -> str:
+        """The name ``Retry-After`` is sent under."""
+        return RETRY_AFTER if renamer is None else renamer.name(RETRY_AFTER)
+
+
 def apply_headers(
-    headers: Headers, pairs: list[tuple[str, str]], names: Mapping[str, str] | None = None
+    headers: Headers, pairs: list[tuple[str, str]], renamer: Renamer | None = None
 ) -> None:
-    """Set ``pairs`` on ``headers``, replacing any header of the same name; ``names``
-    (``QUOTA_HEADER_NAMES``) renames them.
+    """Set ``pairs`` on ``headers``, replacing any header of the same name, under the
+    ``renamer``'s names.
 
     ``Headers.__setitem__`` scans every header for each name; when none of ours
     is present (the usual case) adding gives the same result in one scan.
     """
-    if names:  # rare: the scan below knows only the usual names, so always replace
-        for name, value in pairs:
-            headers[names.get(name, name)] = value
+    if renamer is not None:  # rare: the scan below knows only the usual names
+        for name, value in renamer.pairs(pairs):
+            headers[name] = value
         return
     for name in headers.keys():  # noqa: SIM118 (Headers iterates pairs, not names)
         if name.lower() in OURS:

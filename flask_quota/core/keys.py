@@ -70,11 +70,6 @@ class Tag:
         return self.text.startswith(IDENTITY)
 
     @property
-    def is_tenant(self) -> bool:
-        """A tenant's tag (``t=...``): not a caller's, it owns only the tenant tier."""
-        return self.text.startswith(TENANT)
-
-    @property
     def raw(self) -> str:
         """The escaped part after ``kind=``."""
         return self.text.partition("=")[2]

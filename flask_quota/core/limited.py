@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .checks import shown_limit
-from .enforcer import Enforcer, Facts, rated
+from .enforcer import Enforcer
 from .errors import QuotaExceeded
+from .facts import Facts, rated
 from .keys import KeyBuilder
 from .policy import Decision, LimitSpec, TierResult, on_billing_day
 from .rates import Rate, Rates, parse_rates
-from .tiers import Tier
+from .reply import LocalReply
 from .validators import is_count, resource_name
 
 __all__ = ["Limited", "limited_spec"]
@@ -100,12 +101,15 @@ class Limited(ContextDecorator):
 
 def enforce(spec: LimitedSpec, enforcer: Enforcer, facts: Facts | None) -> None:
     """Charge ``spec``'s bucket in one storage call; raises ``QuotaExceeded`` when it
-    denies, and lets the call pass when the storage fails open."""
+    denies, and lets the call pass when the storage fails open. Decided through the
+    enforcer's tail (``Enforcer.conclude``), as a view's limit is: metrics, spans,
+    signals and, in a request, ``QUOTA_BLOCK_AFTER`` for its caller."""
     limit = spec.limit
     resource = limit.resource or ""
     if limit.rate_of is not None:
         limit = rated(limit, resource)  # this entry's answer, parsed once per distinct one
     catalog = enforcer.catalog()
+    tag: str | None = None  # the caller a denial counts against (none outside a request)
     if facts is None:
         if spec.key is None:
             raise RuntimeError(
@@ -113,20 +117,20 @@ def enforce(spec: LimitedSpec, enforcer: Enforcer, facts: Facts | None) -> None:
                 "bucket's owner (e.g. key=phone_number): there is no caller to charge"
             )
         plan = catalog.resolve(enforcer.default_plan, None, fallback=enforcer.default_plan)
-        caller = KeyBuilder.key_tag(spec.key)
+        owner = KeyBuilder.key_tag(spec.key)
     else:
-        caller, plan, _ = enforcer.caller(catalog, facts)
-        if spec.key is not None:
-            caller = KeyBuilder.key_tag(spec.key)
-    tiers = tuple(enforcer.policy.endpoint_tier(plan, caller, resource, limit))
-    identity = facts.identity if facts is not None else None
-    day = catalog.billing_day(identity.id) if identity is not None else None
-    if day is not None and 1 <= day <= 31:  # the caller's months start on its own day
+        tag, plan, _ = enforcer.caller(catalog, facts)
+        owner = KeyBuilder.key_tag(spec.key) if spec.key is not None else tag
+    tiers = tuple(enforcer.policy.endpoint_tier(plan, owner, resource, limit))
+    day = enforcer.billing_day(catalog, facts)
+    if day is not None:  # the caller's months start on its own day
         tiers = on_billing_day(tiers, day)
     checks = [t.check for t in tiers]
-    reply = enforcer.guard.decide_flat(checks, [c.key for c in checks])
-    if reply is None or reply.all_allowed:  # admitted, or the storage failed open
-        return
+    observer = enforcer.watching()
+    keys = [c.key for c in checks]
+    reply = enforcer.ask(checks, keys, lambda: tiers, plan, observer)
+    if reply is None or (reply.all_allowed and observer is None):
+        return  # admitted (the usual case), or the storage failed open
     results = tuple(
         TierResult(
             t.tier, t.name, t.check.rate, reply.outcome(i, shown_limit(t.check)),
@@ -135,10 +139,11 @@ def enforce(spec: LimitedSpec, enforcer: Enforcer, facts: Facts | None) -> None:
         for i, t in enumerate(tiers)
     )  # fmt: skip
     decision = Decision(plan.name, results, reply.now_us)
-    if decision.denied is None:
-        return  # only a shadow limit would have denied
-    if enforcer.events is not None:
-        enforcer.events.exceeded(decision)
-    upgrade = catalog.upgrade_hint(plan.name, Tier.ENDPOINT, resource)
     cost = limit.cost if isinstance(limit.cost, int) else 1
-    raise QuotaExceeded(decision, upgrade=upgrade, cost=cost, unit=plan.unit_for(resource))
+    own = Facts(
+        "*", None, facts.ip_tag if facts is not None else "", None, limit, cost
+    )  # whose denial it may be: this limit's (its cost and unit)
+    enforcer.conclude(
+        catalog, plan, decision, own, tag=tag, observer=observer,
+        local=isinstance(reply, LocalReply),
+    )  # fmt: skip

@@ -9,7 +9,7 @@ from typing import Any
 
 from .algorithms import Algorithm, Gate, Outcome, bucket_ceiling, unfit
 from .calendar import Calendar
-from .checks import Check, Verdict
+from .checks import Check
 from .clock import seconds_until
 from .generations import Generations
 from .keys import KeyBuilder, Tag
@@ -122,15 +122,6 @@ class Decision:
     plan: str
     results: tuple[TierResult, ...]
     now_us: int
-
-    @classmethod
-    def from_verdict(cls, plan: str, checks: list[TierCheck], verdict: Verdict) -> Decision:
-        """Pair each check with the storage's outcome for it."""
-        results = tuple(
-            TierResult(c.tier, c.name, c.check.rate, o, c.resource, c.check.shadow)
-            for c, o in zip(checks, verdict.outcomes, strict=True)
-        )
-        return cls(plan, results, verdict.now_us)
 
     @property
     def enforced(self) -> tuple[TierResult, ...]:

@@ -82,9 +82,6 @@ class Reply(list[int]):
     def reset_us(self, i: int) -> int:
         return int(self[_HEAD + _STRIDE * i + 2])
 
-    def retry_us(self, i: int) -> int:
-        return int(self[_HEAD + _STRIDE * i + 3])
-
     def crossings(self, lines: Sequence[tuple[int, int, int]]) -> list[int]:
         """Of ``lines`` ((check, room, cost) each), the checks that allowed and whose cost
         took what is left of them from above ``room`` to ``room`` or below: the checks

@@ -59,6 +59,7 @@ IP, WHO, KEY, TENANT = range(4)
 # member read through its class (``HeaderMode.NONE``) runs ``EnumType.__getattr__``'s
 # slow path, about ten times a global's cost.
 _NO_HEADERS, _IETF, _LEGACY = HeaderMode.NONE, HeaderMode.IETF, HeaderMode.LEGACY
+_OPEN_GATE = Outcome(True, 0, 0, 0, 0)  # a block gate letting by (``settled_headers``)
 
 
 def _owner_mark(n: int) -> str:
@@ -232,9 +233,18 @@ class Route:
             (CONCURRENCY_REMAINING, str(max(0, reply.remaining(shown)))),
         ]
 
+    def settled_headers(self, decision: Decision, mode: HeaderMode) -> list[tuple[str, str]]:
+        """``headers`` of a decision settled after the response (``Enforcer.settle``'s,
+        its outcomes adjusted): the same code, on a reply made of it."""
+        outcomes = (_OPEN_GATE, *(r.outcome for r in decision.results))
+        return self.headers(Reply.of(decision.now_us, decision.allowed, outcomes), mode)
+
     def headers(self, reply: Reply, mode: HeaderMode) -> list[tuple[str, str]]:
-        """``rate_limit_headers`` of ``self.decision(reply)``, byte for byte, from the
-        reply and this route's precomputed texts (no ``Decision`` is made)."""
+        """The rate-limit headers of a reply (``QUOTA_HEADERS`` ``mode``), for the tier
+        they describe (``Reply.shown``: the denying one, else the closest to its limit),
+        from the reply and this route's precomputed texts (no ``Decision`` is made).
+        Shadow tiers and concurrency limits are left out: they are not rates a client
+        can act on (a concurrency limit has ``lease_headers``)."""
         if not self.enforced or mode is _NO_HEADERS:
             return []
         shown, left, reset_us, now_us = reply.shown_state(self.shown_among)

@@ -19,8 +19,9 @@ from typing import Any
 from .algorithms import Outcome
 from .checks import shown_limit
 from .clock import seconds_until
-from .enforcer import Enforcer, Facts
-from .errors import QuotaExceeded, QuotaUnavailable
+from .enforcer import Enforcer
+from .errors import QuotaUnavailable
+from .facts import Facts
 from .policy import Decision, LimitSpec, TierCheck, TierResult, gate_check, on_billing_day
 from .rates import Rates
 from .reply import LocalReply
@@ -117,9 +118,8 @@ def caller_status(
             if t.tier in _PER_ENDPOINT and t.check.key not in seen:
                 seen.add(t.check.key)
                 read.append(t)
-    identity = facts.identity
-    day = catalog.billing_day(identity.id) if identity is not None else None
-    if day is not None and 1 <= day <= 31:  # the caller's months start on its own day
+    day = enforcer.billing_day(catalog, facts)
+    if day is not None:  # the caller's months start on its own day
         charged = list(on_billing_day(tuple(charged), day))
         read = list(on_billing_day(tuple(read), day))
     # The budget is charged with the global tier (read when nothing is charged), and
@@ -133,7 +133,8 @@ def caller_status(
     # Read as cost-0 shadow checks: never deny, never charge (a calendar stays on).
     calls += [replace(t.check, cost=0, shadow=True) for t in read]
     keys = [c.key for c in calls]
-    reply = enforcer.guard.decide_flat(calls, keys)
+    observer = enforcer.watching()
+    reply = enforcer.ask(calls, keys, lambda: charged, plan, observer)
     if reply is None:  # failing open: the request may pass, but nothing was read
         raise QuotaUnavailable()
     results = tuple(
@@ -144,18 +145,14 @@ def caller_status(
         for i, t in enumerate(charged)
     )  # fmt: skip
     decision = Decision(plan.name, results, reply.now_us)
-    observer = enforcer.observer
-    if observer is not None and observer.watching():
-        blocked = not reply.allowed(0)
-        observer.decided(decision, local=isinstance(reply, LocalReply), blocked=blocked)
-    if not reply.allowed(0):
-        raise enforcer.refusal(decision, reply.outcome(0, 0), keys[0])
-    denied = decision.denied
-    if denied is not None:
-        if enforcer.events is not None:
-            enforcer.events.exceeded(decision)
-        upgrade = catalog.upgrade_hint(plan.name, denied.tier, denied.resource)
-        raise QuotaExceeded(decision, upgrade=upgrade, cost=1)
+    # Decided through the enforcer's tail, as a request is: metrics, spans, signals, a
+    # blocked caller's 429, and a denial counted towards QUOTA_BLOCK_AFTER.
+    gate = None if reply.allowed(0) else reply.outcome(0, 0)
+    asked = replace(facts, spec=budget, cost=1) if budget is not None else facts
+    enforcer.conclude(
+        catalog, plan, decision, asked, tag=tag, gate=gate, gate_key=keys[0],
+        observer=observer, local=isinstance(reply, LocalReply),
+    )  # fmt: skip
     shown = {id(t): i + 1 for i, t in enumerate([*charged, *read])}  # its place in the reply
     own_budget = {id(t) for t in spent}
     listed = [t for t in [*charged, *read] if id(t) not in own_budget] + spent

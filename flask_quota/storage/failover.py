@@ -8,21 +8,30 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TypeVar
 
 from ..core.algorithms import Gate
 from ..core.clock import US
 from ..core.errors import QuotaUnavailable
 from ..core.reply import HeldReply, LocalReply, Reply
-from ..settings import FailMode
 from . import Check, MemoryStorage, Storage, StorageError, Verdict
 from .base import flat_decide, keyed
 from .breaker import Attempt, CircuitBreaker
 
-__all__ = ["GuardedStorage"]
+__all__ = ["FailMode", "GuardedStorage"]
 
 log = logging.getLogger("flask_quota")
 T = TypeVar("T")
+
+
+class FailMode(StrEnum):
+    """What requests get while the storage fails (``QUOTA_FAIL_MODE``)."""
+
+    OPEN = "open"
+    CLOSED = "closed"
+    LOCAL = "local"
+
 
 # When a give-back that may not have landed is sent again, in seconds after the first
 # failure: a call that timed out may still run on the server after the first give-back

@@ -9,7 +9,7 @@ sink holds. Each count is marked True (allowed), False (denied) or ``SHADOW_DENI
 Which sink a storage gets is the storage's own business: a storage that can host
 usage implements ``UsageHost.usage_sink(prefix)``. This module is the sinks'
 common ground and the in-process one (``MemoryUsageSink``); the Redis sink is
-``redis_usage.py``; ``tools/usage.py`` records and flushes.
+``redis_usage.py``; ``flask_quota/recorder.py`` records and flushes.
 """
 
 from __future__ import annotations

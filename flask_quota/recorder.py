@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-from ..storage.usage import (
+from .storage.usage import (
     REQUESTS,
     US_PER_MINUTE,
     Batch,

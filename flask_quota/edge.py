@@ -1,0 +1,445 @@
+"""The request edge: what flask-quota does for one request, from its hook to its headers.
+
+- **before**: who calls (``identify``), the request's facts (``core.facts.facts_of``:
+  the view's limits, their callables asked), ``Enforcer.decide``; what is decided
+  is kept in one ``RequestQuota`` on ``g`` (``g._flask_quota``), the one attribute
+  flask-quota sets there.
+- **after**: the response's rate-limit headers (``Route.headers``, settled when the
+  view charged, settled or has a ``charge_when``), usage counts, and for a streamed
+  response its settlement and leases' give-back when it is closed.
+- **teardown**: the leases of a request whose response was not streamed, or never
+  sent.
+
+``Quota`` (``extension.py``) keeps the decorators and wires these hooks in
+``init_app``; everything a request does between them is here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import Flask, Request, Response, current_app, g, has_request_context, jsonify, request
+from werkzeug.datastructures import Headers
+
+from .core.enforcer import Decided, Enforcer
+from .core.errors import InvalidApiKey, QuotaExceeded
+from .core.facts import facts_of
+from .core.headers import ENVIRON_KEY, OURS, HeaderMode, Renamer, apply_headers
+from .core.identity import Identity, plausible_api_key
+from .core.keys import remote_ip_tag
+from .core.policy import Decision, LimitSpec
+from .core.status import caller_status
+from .settings import Settings
+from .sql.errors import KeysUnavailable
+from .state import QuotaState
+from .views import exempt, limited_endpoints
+
+__all__ = [
+    "G_ATTR",
+    "Loaders",
+    "RequestQuota",
+    "after_hook",
+    "before_hook",
+    "current",
+    "identify",
+    "lease_teardown",
+    "status_view",
+]
+
+log = logging.getLogger("flask_quota")
+
+G_ATTR = "_flask_quota"  # the one attribute of ``g`` flask-quota sets: a RequestQuota
+_NO_HEADERS = HeaderMode.NONE  # a module constant: see ``core.route``'s
+_UNLOADED = object()  # ``identify``: the identity loader has not been asked yet
+
+
+class RequestQuota:
+    """What flask-quota keeps about one request, on ``g``. Made only when there is
+    something to keep, its fields' defaults on the class: a request sets only what it
+    has (one attribute, the usual admitted request's decision)."""
+
+    decided: Decided | None = None  # the request's decision, when a tier applied
+    denial: QuotaExceeded | None = None  # raised before the view (its Retry-After)
+    extra: int = 0  # quota.charge's units, charged after the response
+    actual: int | None = None  # quota.settle's actual cost
+    inner: bool = False  # a quota.limited inside the view denied: the 429 is that limit's
+    leased: bool = False  # the decision holds leases, given back at teardown
+    release: Release | None = None  # a streamed response's give-back, at its close
+
+
+def current() -> RequestQuota:
+    """The current request's ``RequestQuota``, made when it has none yet."""
+    scope = g._get_current_object().__dict__
+    found: RequestQuota | None = scope.get(G_ATTR)
+    if found is None:
+        found = scope[G_ATTR] = RequestQuota()
+    return found
+
+
+def current_decision() -> Decision | None:
+    """The decision made for the current request, if any tier applied."""
+    found: RequestQuota | None = g.get(G_ATTR)
+    decided = found.decided if found is not None else None
+    return None if decided is None else decided.decision()
+
+
+def note_inner_denial() -> None:
+    """A ``quota.limited`` denied inside a request: noted for the after-request hook."""
+    if has_request_context():
+        current().inner = True
+
+
+@dataclass
+class Loaders:
+    """Who calls: the app's loaders and filters as registered on ``Quota``, shared with
+    the hooks (a loader registered after ``init_app`` applies too)."""
+
+    identity: Callable[[], Identity | None] | None = None
+    api_key: Callable[[str], Identity | None] | None = None
+    filters: list[Callable[[], bool]] = field(default_factory=list)
+
+
+def identify(
+    loaders: Loaders, settings: Settings, req: Request, loaded: object = _UNLOADED
+) -> Identity | None:
+    """The caller: the identity loader's answer (``loaded``, when the caller asked it
+    already), else the API key's client, else None (anonymous)."""
+    if loaders.identity is not None:
+        identity = loaders.identity() if loaded is _UNLOADED else loaded
+        if identity is not None:
+            if not isinstance(identity, Identity):
+                raise TypeError(
+                    "the identity_loader must return flask_quota.Identity or None, "
+                    f"not {type(identity).__name__}"
+                )
+            return identity
+    key = req.headers.get(settings.api_key_header)
+    if key is None:
+        return None
+    if plausible_api_key(key) and loaders.api_key is not None:
+        try:
+            identity = loaders.api_key(key)
+        except KeysUnavailable:
+            return None  # cannot be checked yet: anonymous, never 401 (logged by the store)
+        if identity is not None:
+            return identity
+    if settings.reject_unknown_keys:
+        raise InvalidApiKey(settings.api_key_header)
+    return None  # unknown keys are anonymous: inventing keys buys no fresh bucket
+
+
+def before_hook(
+    state: QuotaState, loaders: Loaders, start_leasing: Callable[[], None]
+) -> Callable[[], None]:
+    """The before-request hook of the app whose quota ``state`` is: a plain function,
+    the cheapest for the coroutine check Flask makes of every hook on every request.
+    ``start_leasing()`` adds the teardown hook when a request first holds a lease."""
+
+    def before_request() -> None:
+        # The proxies (request, current_app, g) cost ~1 us per access: unwrap them once.
+        req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        settings = state.settings
+        environ = req.environ
+        if settings.renamer is not None:  # for the headers of the errors we raise
+            environ[ENVIRON_KEY] = settings.renamer
+        method = req.method
+        if not settings.enabled or method in settings.exempt_methods:
+            return
+        for check in loaders.filters:
+            if check():
+                return
+        endpoint = req.endpoint
+        specs: tuple[LimitSpec, ...] = ()
+        if endpoint is not None:
+            resolved = state.views.get(endpoint)
+            if isinstance(resolved, tuple):  # one answer for every method (the usual)
+                exempted, specs = resolved
+            else:  # not resolved yet, or per method (a class-based view's)
+                app = current_app._get_current_object()  # type: ignore[attr-defined]
+                exempted, specs = state.view_limit(app, endpoint, method)
+            if exempted:
+                return
+        loader = loaders.identity
+        identity = loader() if loader is not None else None
+        if type(identity) is not Identity:  # else what identify would return (the usual case)
+            identity = identify(loaders, settings, req, identity)
+        if "HTTP_X_FORWARDED_FOR" in environ and not state.proxy_warned:
+            _warn_no_proxy_fix(state, req)
+        facts = facts_of(method, endpoint, remote_ip_tag(req.remote_addr), identity, specs)
+        try:
+            decided = state.enforcer.decide(facts, _keep)
+        except QuotaExceeded as exc:
+            # Noted so the after-request hook can give its Retry-After to a response
+            # the app's own error handler made.
+            current().denial = exc
+            raise
+        if decided is not None:
+            scope = g._get_current_object().__dict__
+            found = scope.get(G_ATTR)
+            if found is None:
+                found = scope[G_ATTR] = RequestQuota()
+            found.decided = decided
+            if decided.route.leases and decided.reply.all_allowed:
+                if not state.leasing:  # the first lease: the teardown hook joins
+                    start_leasing()
+                found.leased = True  # given back after the response (see below)
+
+    return before_request
+
+
+def _keep(decided: Decided) -> None:
+    """Keep a request's decision before a denial is raised: its 429 gets the headers."""
+    current().decided = decided
+
+
+def after_hook(state: QuotaState) -> Callable[[Response], Response]:
+    """The after-request hook of the app whose quota ``state`` is: headers, settlement
+    and the leases of the response."""
+
+    def after_request(response: Response) -> Response:
+        found: RequestQuota | None = g._get_current_object().__dict__.get(G_ATTR)
+        if found is None:
+            return response
+        settings = state.settings
+        renamer = settings.renamer
+        if found.denial is not None:
+            _denied(renamer, response, found.denial)
+        decided = found.decided
+        if decided is None:
+            return response
+        mode, headers = settings.headers, response.headers
+        route, reply, spec = decided.route, decided.reply, decided.spec
+        if route.leases and mode is not _NO_HEADERS:
+            add_headers(headers, route.lease_headers(reply), renamer)
+        decision = None
+        settles_later = False
+        if found.inner:
+            # A quota.limited inside the view denied: the 429 is that limit's, and the
+            # view's own headers would contradict its body.
+            pass
+        elif spec is not None and reply.all_allowed and response.is_streamed:
+            # The stream may still call quota.settle or quota.charge while it runs: they
+            # are settled when it ends. Its headers left before, so they show admission.
+            add_headers(headers, route.headers(reply, mode), renamer)
+            response.call_on_close(_Settle(state.enforcer, decided, found, response))
+            settles_later = True
+        # What the view asked for after the response: quota.charge's units, quota.settle's.
+        # Asked only when there may be something (the usual request has nothing).
+        elif (
+            found.extra or found.actual is not None or (spec is not None and _judged(decided))
+        ) and (after := _settlement(found, decided, response)) is not None:
+            decision = state.enforcer.settle(decided, **after)
+            add_headers(headers, route.settled_headers(decision, mode), renamer)
+        else:
+            add_headers(headers, route.headers(reply, mode), renamer)
+        if decided.near is not None and not settles_later:
+            state.enforcer.done(decided)  # charged as admitted: its crossings are told now
+        if state.usage is not None:
+            decision = decision or decided.decision()
+            state.usage.record(decided.tag, decision.plan, decision.usage_outcomes())
+        if found.leased and response.is_streamed:
+            # Last, so that a failure above leaves the lease to the teardown: a streamed
+            # response holds its leases until it is closed (its stream ended).
+            found.leased = False
+            found.release = Release(state.enforcer, decided)
+            response.call_on_close(found.release)
+        return response
+
+    return after_request
+
+
+def add_headers(headers: Headers, pairs: list[tuple[str, str]], renamer: Renamer | None) -> None:
+    """``apply_headers``, with a fast path for a response's own Werkzeug ``Headers`` that
+    holds none of ours (the usual case): appended in one step, skipping ``add``'s search
+    of each value for a line break (ours are printable ASCII)."""
+    if not pairs:  # QUOTA_HEADERS=none, or a route without rates: nothing to look for
+        return
+    if renamer is None and type(headers) is Headers and _append_unless_ours(headers, pairs):
+        return
+    apply_headers(headers, pairs, renamer)
+
+
+def _append_unless_ours(headers: Headers, pairs: list[tuple[str, str]]) -> bool:
+    """Append ``pairs`` to ``headers`` if none of ours is there yet; False (nothing done)
+    otherwise. The one place Werkzeug's private ``Headers._list`` (its pair list) is
+    used: the public ``extend`` checks every value again, a tenth of a request's added
+    time here; ``tests/test_internals.py`` fails when Werkzeug changes it."""
+    listed: list[tuple[str, str]] = headers._list
+    for name, _ in listed:
+        if name.lower() in OURS:
+            return False
+    listed.extend(pairs)
+    return True
+
+
+def _denied(renamer: Renamer | None, response: Response, denial: QuotaExceeded) -> None:
+    """A denied request's response: its ``Retry-After``, under our header names."""
+    if Renamer.retry_after(renamer) not in response.headers:
+        # The app's own @app.errorhandler(QuotaExceeded) answered: the wait still
+        # holds (a block's rest, not the tier's, when this request was blocked).
+        response.headers[Renamer.retry_after(renamer)] = str(denial.retry_after)
+    if renamer is not None:  # e.g. the handler returned error.get_response()
+        renamer.rename(response.headers)
+
+
+def _judged(decided: Decided) -> bool:
+    """True when a limit of the request has a ``charge_when`` to ask."""
+    spec = decided.spec
+    if spec is not None and spec.charge_when is not None:
+        return True
+    return any(limit.charge_when is not None for limit in decided.more)
+
+
+def _settlement(found: RequestQuota, decided: Decided, response: Response) -> dict[str, Any] | None:
+    """``Enforcer.settle``'s arguments for an admitted request whose view charged, settled
+    or has a ``charge_when`` to ask; None when nothing changes its charge."""
+    spec = decided.spec
+    if spec is None or not decided.reply.all_allowed:
+        return None
+    extra, actual = found.extra, found.actual
+    if not (extra or actual is not None or _judged(decided)):
+        return None
+
+    def counted(limit: LimitSpec) -> bool:
+        return limit.charge_when is None or bool(limit.charge_when(response))
+
+    return {"counted": counted, "extra": extra, "actual": actual}
+
+
+class _Settle:
+    """A streamed response's settlement when it is closed: what its stream charged or
+    settled while it ran (``quota.charge``, ``quota.settle``) and its ``charge_when``."""
+
+    __slots__ = ("decided", "enforcer", "found", "response")
+
+    def __init__(
+        self, enforcer: Enforcer, decided: Decided, found: RequestQuota, response: Response
+    ) -> None:
+        self.enforcer, self.decided, self.found, self.response = enforcer, decided, found, response
+
+    def __call__(self) -> None:
+        after = _settlement(self.found, self.decided, self.response)
+        if after is None:
+            self.enforcer.done(self.decided)
+            return
+        try:
+            self.enforcer.settle(self.decided, **after)
+        except Exception:  # the response is gone: nothing to answer, so it is logged
+            log.exception("flask-quota: settling a streamed response failed")
+
+
+class Release:
+    """Gives a request's leases back once: the response's close may run more than once."""
+
+    __slots__ = ("decided", "enforcer")
+
+    def __init__(self, enforcer: Enforcer, decided: Decided | None) -> None:
+        self.enforcer, self.decided = enforcer, decided
+
+    def __call__(self) -> None:
+        decided, self.decided = self.decided, None
+        if decided is not None:
+            self.enforcer.release(decided)
+
+
+def teardown_hook(state: QuotaState) -> Callable[[BaseException | None], None]:
+    """The teardown hook of the app whose quota ``state`` is: it gives back the leases of
+    a request whose response is not streamed, or that got none (its view raised past the
+    error handlers, an after-request hook failed, also after a streamed response's close
+    hook was set: that response is never sent)."""
+
+    def release_at_teardown(error: BaseException | None) -> None:
+        found: RequestQuota | None = g._get_current_object().__dict__.get(G_ATTR)
+        if found is None:
+            return
+        if found.leased and found.decided is not None:
+            found.leased = False
+            Release(state.enforcer, found.decided)()
+        if found.release is not None and error is not None:
+            found.release()  # gives back once, whichever of it and the close comes first
+
+    return release_at_teardown
+
+
+def lease_teardown(app: Flask, state: QuotaState) -> Callable[[], None]:
+    """Called by ``init_app`` where it would register ``teardown_hook``; returns what the
+    before-request hook calls when a request of ``app`` first holds a lease: that call
+    adds the teardown hook where registering it at ``init_app`` would have put it
+    (``insert_teardown``), and sets ``state.leasing``. Until then no request has a lease
+    to give back, and none pays Flask's dispatch of the hook (its coroutine check runs
+    per hook and request)."""
+    position = len(app.teardown_request_funcs.get(None, ()))
+    ref = weakref.ref(app)  # the state lives in app.extensions: no cycle through it
+    hook = teardown_hook(state)
+    lock = threading.Lock()
+
+    def start_leasing() -> None:
+        with lock:
+            found = ref()
+            if state.leasing or found is None:
+                return
+            insert_teardown(found, position, hook)
+            state.leasing = True
+
+    return start_leasing
+
+
+def insert_teardown(
+    app: Flask, position: int, hook: Callable[[BaseException | None], None]
+) -> None:
+    """Add ``hook`` to ``app``'s teardown functions at ``position``, as if registered when
+    there were that many. The one place Flask's ``teardown_request_funcs`` (a dict of
+    lists, run in reverse order) is written: ``tests/test_internals.py`` fails when
+    Flask changes it."""
+    funcs = list(app.teardown_request_funcs.get(None, ()))
+    funcs.insert(position, hook)
+    # A new list, not an insertion: a request tearing down meanwhile goes on through
+    # the list it started with, none of its functions skipped or rerun.
+    app.teardown_request_funcs[None] = funcs
+
+
+def status_view(state: QuotaState, loaders: Loaders, budget: LimitSpec) -> Callable[[], Response]:
+    """The ``QUOTA_STATUS_URL`` view: the caller's own quota, charging only the global
+    tier and its own ``budget``. Exempt from the request hook: it makes its one
+    storage call itself."""
+
+    @exempt
+    def flask_quota_status() -> Response:
+        req: Request = request._get_current_object()  # type: ignore[attr-defined]
+        app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
+        identity = identify(loaders, state.settings, req)
+        facts = facts_of(req.method, req.endpoint, remote_ip_tag(req.remote_addr), identity)
+        endpoints = limited_endpoints(app, state.views)
+        found = caller_status(
+            state.enforcer, facts, endpoints, charge=state.settings.enabled, budget=budget
+        )
+        response = jsonify(found.as_json())
+        response.headers["Cache-Control"] = "no-store"  # one caller's, and it changes
+        return response
+
+    return flask_quota_status
+
+
+def _warn_no_proxy_fix(state: QuotaState, req: Request) -> None:
+    """Say once per app when requests come through a proxy the app does not trust.
+
+    Werkzeug's ProxyFix leaves the original values in ``werkzeug.proxy_fix.orig``;
+    without it ``remote_addr`` is the proxy's, so every caller behind it shares one
+    global-tier bucket. (A spoofed header changes no key either way.)
+    """
+    state.proxy_warned = True
+    if "werkzeug.proxy_fix.orig" in req.environ:
+        return
+    log.warning(
+        "flask-quota: requests carry X-Forwarded-For, but the app does not apply Werkzeug's "
+        "ProxyFix, so the global tier keys every caller behind the proxy by the proxy's "
+        "address (%s): they share one bucket. If a proxy you trust sets the header, wrap "
+        "the app: app.wsgi_app = ProxyFix(app.wsgi_app, x_for=1) (from werkzeug.middleware"
+        ".proxy_fix); with one proxy in front, x_for=1. This is said once.",
+        req.remote_addr,
+    )
