@@ -231,7 +231,9 @@ def after_hook(state: QuotaState) -> Callable[[Response], Response]:
         # What the view asked for after the response: quota.charge's units, quota.settle's.
         # Asked only when there may be something (the usual request has nothing).
         elif (
-            found.extra or found.actual is not None or (spec is not None and _judged(decided))
+            found.extra
+            or found.actual is not None
+            or (spec is not None and (spec.charge_when is not None or decided.more))
         ) and (after := _settlement(found, decided, response)) is not None:
             decision = state.enforcer.settle(decided, **after)
             add_headers(headers, route.settled_headers(decision, mode), renamer)
@@ -255,26 +257,23 @@ def after_hook(state: QuotaState) -> Callable[[Response], Response]:
 
 def add_headers(headers: Headers, pairs: list[tuple[str, str]], renamer: Renamer | None) -> None:
     """``apply_headers``, with a fast path for a response's own Werkzeug ``Headers`` that
-    holds none of ours (the usual case): appended in one step, skipping ``add``'s search
-    of each value for a line break (ours are printable ASCII)."""
+    holds none of ours (the usual case): appended in one step to its pair list.
+
+    The one place Werkzeug's private ``Headers._list`` is used: the public ``extend``
+    checks every value again for a line break (ours are printable ASCII), a tenth of a
+    request's added time here. ``tests/test_internals.py`` fails when Werkzeug changes
+    it."""
     if not pairs:  # QUOTA_HEADERS=none, or a route without rates: nothing to look for
         return
-    if renamer is None and type(headers) is Headers and _append_unless_ours(headers, pairs):
-        return
+    if renamer is None and type(headers) is Headers:
+        listed: list[tuple[str, str]] = headers._list
+        for name, _ in listed:
+            if name.lower() in OURS:
+                break
+        else:
+            listed.extend(pairs)
+            return
     apply_headers(headers, pairs, renamer)
-
-
-def _append_unless_ours(headers: Headers, pairs: list[tuple[str, str]]) -> bool:
-    """Append ``pairs`` to ``headers`` if none of ours is there yet; False (nothing done)
-    otherwise. The one place Werkzeug's private ``Headers._list`` (its pair list) is
-    used: the public ``extend`` checks every value again, a tenth of a request's added
-    time here; ``tests/test_internals.py`` fails when Werkzeug changes it."""
-    listed: list[tuple[str, str]] = headers._list
-    for name, _ in listed:
-        if name.lower() in OURS:
-            return False
-    listed.extend(pairs)
-    return True
 
 
 def _denied(renamer: Renamer | None, response: Response, denial: QuotaExceeded) -> None:

@@ -2,7 +2,7 @@
 on for speed, each used in one place: these tests fail when a release of the library
 underneath changes them, before a user's requests do.
 
-- Werkzeug's ``Headers._list`` (``edge._append_unless_ours``): the response's pair list,
+- Werkzeug's ``Headers._list`` (``edge.add_headers``): the response's pair list,
   appended to in one step.
 - Flask's ``teardown_request_funcs`` (``edge.insert_teardown``): a dict of lists, run
   in reverse order, where the lease give-back joins at the first lease.
@@ -19,7 +19,7 @@ from flask import Flask
 from redis.cluster import RedisCluster
 from werkzeug.datastructures import Headers
 
-from flask_quota.edge import _append_unless_ours, insert_teardown
+from flask_quota.edge import add_headers, insert_teardown
 from flask_quota.storage.cluster import checkout
 from tests.servers import RedisServer
 
@@ -28,16 +28,14 @@ def test_werkzeug_headers_keep_their_pairs_in_one_list() -> None:
     """What is appended to ``_list`` is what the response sends, in order."""
     headers = Headers([("Content-Type", "text/plain")])
     assert isinstance(headers._list, list)
-    assert _append_unless_ours(headers, [("X-RateLimit-Limit", "5"), ("RateLimit", "x")])
-    assert headers.to_wsgi_list() == [
-        ("Content-Type", "text/plain"),
-        ("X-RateLimit-Limit", "5"),
-        ("RateLimit", "x"),
-    ]
+    ours = [("X-RateLimit-Limit", "5"), ("RateLimit", "x")]
+    add_headers(headers, ours, None)
+    assert headers._list[1:] == ours  # appended in one step, not through add()
+    assert headers.to_wsgi_list() == [("Content-Type", "text/plain"), *ours]
     assert headers["X-RateLimit-Limit"] == "5"
-    # One of ours already there: nothing appended, the caller replaces instead.
-    assert not _append_unless_ours(headers, [("X-RateLimit-Limit", "6")])
-    assert headers.getlist("X-RateLimit-Limit") == ["5"]
+    # One of ours already there: replaced, not appended twice.
+    add_headers(headers, [("X-RateLimit-Limit", "6")], None)
+    assert headers.getlist("X-RateLimit-Limit") == ["6"]
 
 
 def test_flask_runs_teardown_functions_from_one_list_in_reverse() -> None:

@@ -217,7 +217,9 @@ class Enforcer:
             member = leases.new_member()
             for i in route.leases:
                 keys[i] += member
-        observer = self.watching()
+        observer = self.observer  # ``watching()``, inlined: the request path's one ask
+        if observer is not None and not observer.watching():
+            observer = None
         if observer is not None:
             reply = self.ask(route.calls, keys, lambda: route.tier_checks(keys), plan, observer)
         else:
