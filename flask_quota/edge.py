@@ -33,7 +33,9 @@ from .core.headers import ENVIRON_KEY, OURS, HeaderMode, Renamer, apply_headers
 from .core.identity import Identity, plausible_api_key
 from .core.keys import remote_ip_tag
 from .core.policy import Decision, LimitSpec
+from .core.priority import Priority
 from .core.status import caller_status
+from .overload import Ticket
 from .settings import Settings
 from .sql.errors import KeysUnavailable
 from .state import QuotaState
@@ -69,6 +71,7 @@ class RequestQuota:
     actual: int | None = None  # quota.settle's actual cost
     inner: bool = False  # a quota.limited inside the view denied: the 429 is that limit's
     leased: bool = False  # the decision holds leases, given back at teardown
+    ticket: Ticket | None = None  # its place in the worker (overload protection)
     release: Release | None = None  # a streamed response's give-back, at its close
 
 
@@ -170,7 +173,15 @@ def before_hook(
             identity = identify(loaders, settings, req, identity)
         if "HTTP_X_FORWARDED_FOR" in environ and not state.proxy_warned:
             _warn_no_proxy_fix(state, req)
-        facts = facts_of(method, endpoint, remote_ip_tag(req.remote_addr), identity, specs)
+        shedder = state.shedder
+        if shedder is None:  # overload protection off (the usual case)
+            facts = facts_of(method, endpoint, remote_ip_tag(req.remote_addr), identity, specs)
+        else:
+            priority = shedder.classify(_route_priority(state, endpoint, method, specs))
+            # Shed here (503), or a ticket: its slot in the worker, handed back at the end.
+            current().ticket = shedder.admit(priority, environ.get("HTTP_X_REQUEST_START"))
+            ip_tag = remote_ip_tag(req.remote_addr)
+            facts = facts_of(method, endpoint, ip_tag, identity, specs, priority)
         try:
             decided = state.enforcer.decide(facts, _keep)
         except QuotaExceeded as exc:
@@ -184,12 +195,25 @@ def before_hook(
             if found is None:
                 found = scope[G_ATTR] = RequestQuota()
             found.decided = decided
-            if decided.route.leases and decided.reply.all_allowed:
+            if decided.route.held and decided.reply.all_allowed:
                 if not state.leasing:  # the first lease: the teardown hook joins
                     start_leasing()
                 found.leased = True  # given back after the response (see below)
 
     return before_request
+
+
+def _route_priority(
+    state: QuotaState, endpoint: str | None, method: str, specs: tuple[LimitSpec, ...]
+) -> Priority | None:
+    """The class the request's route gives it (``views.priority_of``), or None."""
+    if endpoint is None:
+        return None
+    found = state.priorities.get((endpoint, method), _UNLOADED)
+    if found is _UNLOADED:
+        app = current_app._get_current_object()  # type: ignore[attr-defined]
+        return state.priority(app, endpoint, method, specs)
+    return found  # type: ignore[return-value]
 
 
 def _keep(decided: Decided) -> None:
@@ -244,11 +268,10 @@ def after_hook(state: QuotaState) -> Callable[[Response], Response]:
         if state.usage is not None:
             decision = decision or decided.decision()
             state.usage.record(decided.tag, decision.plan, decision.usage_outcomes())
-        if found.leased and response.is_streamed:
+        if (found.leased or found.ticket is not None) and response.is_streamed:
             # Last, so that a failure above leaves the lease to the teardown: a streamed
-            # response holds its leases until it is closed (its stream ended).
-            found.leased = False
-            found.release = Release(state.enforcer, decided)
+            # response holds its leases (and its slot in the worker) until it is closed.
+            found.release = Release(state, found)
             response.call_on_close(found.release)
         return response
 
@@ -333,17 +356,22 @@ class _Settle:
 
 
 class Release:
-    """Gives a request's leases back once: the response's close may run more than once."""
+    """Gives a request's leases back and ends its ticket (overload protection), once:
+    a response's close may run more than once, and the teardown may run too."""
 
-    __slots__ = ("decided", "enforcer")
+    __slots__ = ("found", "state")
 
-    def __init__(self, enforcer: Enforcer, decided: Decided | None) -> None:
-        self.enforcer, self.decided = enforcer, decided
+    def __init__(self, state: QuotaState, found: RequestQuota) -> None:
+        self.state, self.found = state, found
 
     def __call__(self) -> None:
-        decided, self.decided = self.decided, None
-        if decided is not None:
-            self.enforcer.release(decided)
+        found = self.found
+        ticket, found.ticket = found.ticket, None
+        leased, found.leased = found.leased, False
+        if leased and found.decided is not None:
+            self.state.enforcer.release(found.decided)
+        if ticket is not None and self.state.shedder is not None:
+            self.state.shedder.done(ticket)
 
 
 def teardown_hook(state: QuotaState) -> Callable[[BaseException | None], None]:
@@ -356,10 +384,10 @@ def teardown_hook(state: QuotaState) -> Callable[[BaseException | None], None]:
         found: RequestQuota | None = g._get_current_object().__dict__.get(G_ATTR)
         if found is None:
             return
-        if found.leased and found.decided is not None:
-            found.leased = False
-            Release(state.enforcer, found.decided)()
-        if found.release is not None and error is not None:
+        if found.release is None:
+            if found.leased or found.ticket is not None:
+                Release(state, found)()
+        elif error is not None:
             found.release()  # gives back once, whichever of it and the close comes first
 
     return release_at_teardown

@@ -24,9 +24,11 @@ from .core.keys import KeyBuilder, remote_ip_tag
 from .core.limited import Limited, limited_spec
 from .core.observers import combined
 from .core.policy import Decision, LimitSpec, Policy, TierResult
+from .core.priority import Priority, parse_priority
 from .core.rates import Rate, Rates, parse_rates
 from .core.status import status_budget
 from .otel import span_observer
+from .overload import Shedder
 from .recorder import UsageRecorder, usage_sink
 from .settings import DEFAULTS, Settings, reference
 from .sql import plansync
@@ -39,7 +41,7 @@ from .storage.failover import GuardedStorage
 from .storage.prefetch import Prefetch
 from .tools import blocks, inspection
 from .tools.blocks import Block
-from .views import add_limit, exempt
+from .views import add_limit, exempt, set_priority
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
@@ -156,13 +158,17 @@ class Quota:
             sql.on_change(storage.forget)
             if metrics is not None:
                 storage.on_hit = metrics.deny_cache_hit
-        guard = GuardedStorage(storage, settings.fail_mode, breaker)
+        workers = _gunicorn_workers()
+        # Fail mode local: each worker sheds against its share of QUOTA_CAPACITY.
+        guard = GuardedStorage(storage, settings.fail_mode, breaker, workers=workers or 1)
         policy = Policy(
             KeyBuilder(settings.key_prefix),
             settings.algorithm,
             shadow=settings.shadow,
             calendar=settings.calendar,
             lease_seconds=settings.lease_seconds,
+            capacity=settings.capacity,
+            reserve=settings.reserve,
         )
         escalate = None
         if settings.block_after is not None:
@@ -190,10 +196,16 @@ class Quota:
             usage=usage,
             metrics=metrics,
         )
+        if settings.overload:
+            state.shedder = Shedder(settings, enforcer, metrics=metrics)
         sql.autostart(app, needed=settings.dashboard_url is not None)
         # Hooks bound to this app's state: a request looks up no ``current_app`` for it.
-        # The teardown hook is added at the first lease (``edge.lease_teardown``).
-        app.before_request(edge.before_hook(state, self._loaders, edge.lease_teardown(app, state)))
+        # The teardown hook is added at the first lease (``edge.lease_teardown``), or now
+        # when every request holds a slot in its worker (overload protection).
+        start_leasing = edge.lease_teardown(app, state)
+        if state.shedder is not None:
+            start_leasing()
+        app.before_request(edge.before_hook(state, self._loaders, start_leasing))
         app.after_request(edge.after_hook(state))
         if settings.dashboard_url is not None:
             from .dashboard import make_blueprint  # the dashboard is loaded only when mounted
@@ -207,7 +219,6 @@ class Quota:
         if self._loaders.api_key is None:
             self._loaders.api_key = _sql_api_key  # a loader registered later replaces it
         app.cli.add_command(quota_cli)
-        workers = _gunicorn_workers()
         if storage.name == "memory" and workers != 1 and "gunicorn" in sys.modules:
             log.warning(
                 "flask-quota: QUOTA_STORAGE_URL is memory:// under gunicorn with %s workers: "
@@ -231,6 +242,7 @@ class Quota:
         concurrent: int | None = None,
         error_message: str | Callable[[], str] | None = None,
         unit: str | None = None,
+        priority: str | None = None,
     ) -> Callable[[V], V]:
         """Add the endpoint tier to a view, or to every view of a blueprint.
 
@@ -250,6 +262,10 @@ class Quota:
 
         ``unit`` names what the resource counts (``"tokens"``) in the 429's detail,
         the CLI and the dashboard; a plan's wins.
+
+        ``priority`` (``"critical"``, ``"default"``, ``"sheddable"``) is the route's class
+        for overload protection (``QUOTA_CAPACITY``, ``QUOTA_ADAPTIVE``,
+        ``QUOTA_MAX_QUEUE_MS``); ``QUOTA_PRIORITY``'s answer wins over it.
 
         Limits stack: several on one view are all checked, all-or-nothing, in one
         storage call, each with its own bucket and options.
@@ -279,9 +295,11 @@ class Quota:
             raise ValueError(f"error_message must be a str or a callable, got {error_message!r}")
         if unit is not None:
             validators.unit_name(unit)
+        cls = parse_priority(priority) if priority is not None else None
         spec = LimitSpec(
             parsed, resource, cost, key, bool(per_method), charge_when, exempt_when,
             concurrent=concurrent, rate_of=rate_of, error_message=error_message, unit=unit,
+            priority=cls,
         )  # fmt: skip
 
         def decorator(view: V) -> V:
@@ -328,6 +346,19 @@ class Quota:
     def exempt(self, view: V) -> V:
         """No tier applies to this view, or to any view of this blueprint."""
         return exempt(view)
+
+    def priority(self, priority: str) -> Callable[[V], V]:
+        """``@quota.priority("sheddable")``: a view's class for overload protection
+        without a limit of its own (on a view, a class-based view or one of its methods,
+        or a blueprint: all its views); it wins over its limits' ``priority=``, a
+        blueprint's over nothing but the default. ``QUOTA_PRIORITY``'s answer wins over
+        both. ``ValueError`` for anything but ``critical``, ``default`` or ``sheddable``."""
+        cls = parse_priority(priority)
+
+        def decorator(view: V) -> V:
+            return set_priority(view, cls)
+
+        return decorator
 
     def request_filter(self, check: Callable[[], bool]) -> Callable[[], bool]:
         """Register ``check() -> bool``; True: no tier applies to the request, no headers."""
@@ -473,6 +504,13 @@ class _Signals:
 
     def near_limit(self, decision: Decision, result: TierResult) -> None:
         self._send(signals.quota_near_limit, decision, check=result)
+
+    def shed(self, priority: Priority, reason: str, *, shadow: bool) -> None:
+        app = self.app()
+        if app is not None and signals.quota_shed.receivers:
+            signals.notify(
+                signals.quota_shed, app, priority=priority.value, reason=reason, shadow=shadow
+            )
 
     def _send(self, signal: NamedSignal, decision: Decision, **extra: Any) -> None:
         app = self.app()

@@ -67,6 +67,7 @@ from prometheus_client.registry import Collector
 
 from .core.enforcer import FAIL_CLOSED, FAIL_OPEN
 from .core.policy import Decision, TierCheck, TierResult
+from .core.priority import Priority
 
 __all__ = [
     "OUTCOMES",
@@ -153,6 +154,33 @@ class QuotaMetrics:
             ("tier", "resource", "plan"),
             registry=self.registry,
         )
+        self.sheds = Counter(
+            "flask_quota_shed",
+            "Requests shed by overload protection, by class and reason (capacity, queue); "
+            "shadow 'true' when QUOTA_SHADOW only counted them.",
+            ("priority", "reason", "shadow"),
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "flask_quota_in_flight",
+            "Requests in flight in this app's workers, by class (overload protection on).",
+            ("priority",),
+            multiprocess_mode="livesum",
+            registry=self.registry,
+        )
+        self.capacity = Gauge(
+            "flask_quota_capacity",
+            "QUOTA_CAPACITY: requests in flight at once across the fleet, at most.",
+            multiprocess_mode="livemax",
+            registry=self.registry,
+        )
+        self.adaptive_capacity = Gauge(
+            "flask_quota_adaptive_capacity",
+            "QUOTA_ADAPTIVE: the requests in flight the live workers admit at most, summed "
+            "(each worker's limit follows its latency).",
+            multiprocess_mode="livesum",
+            registry=self.registry,
+        )
         self.breaker_open.set(0)
         # One child per label set, found with one dict lookup instead of labels()'s lock.
         self._children: dict[tuple[str, str, str, str], Counter] = {}
@@ -210,6 +238,10 @@ class QuotaMetrics:
     def near_limit(self, decision: Decision, result: TierResult) -> None:
         """One more crossing of ``QUOTA_NEAR_LIMIT`` by ``result``'s bucket."""
         self.near_limits.labels(result.tier.value, result.name, decision.plan).inc()
+
+    def shed(self, priority: Priority, reason: str, *, shadow: bool) -> None:
+        """One more shed request (or one ``QUOTA_SHADOW`` only counted)."""
+        self.sheds.labels(priority.value, reason, "true" if shadow else "false").inc()
 
     def count_shadow_denied(self, plan: str, tiers: Iterable[tuple[str, str]]) -> None:
         """Count ``shadow_denied`` once per (tier, policy name) that would have denied."""

@@ -21,6 +21,7 @@ from typing import Any
 
 from .core.enforcer import DecisionObserver
 from .core.policy import Decision, TierCheck, TierResult
+from .core.priority import Priority
 
 __all__ = ["OUTCOME", "PLAN", "POLICY", "REMAINING", "TIER", "SpanObserver", "span_observer"]
 
@@ -29,6 +30,7 @@ TIER = "ratelimit.tier"
 POLICY = "ratelimit.policy"
 REMAINING = "ratelimit.remaining"
 PLAN = "ratelimit.plan"
+PRIORITY = "ratelimit.priority"  # a shed request's class
 
 
 class SpanObserver:
@@ -84,6 +86,16 @@ class SpanObserver:
 
     def near_limit(self, decision: Decision, result: TierResult) -> None:
         """Counted by the metrics; the span already says what is left."""
+
+    def shed(self, priority: Priority, reason: str, *, shadow: bool) -> None:
+        """``ratelimit.outcome`` ``shed`` (``shadow_shed`` when only counted), the class and
+        why: ``ratelimit.tier`` ``capacity`` or ``queue``."""
+        span = self.current_span()
+        if span.is_recording():
+            span.set_attributes(
+                {OUTCOME: "shadow_shed" if shadow else "shed", TIER: reason,
+                 PRIORITY: priority.value}
+            )  # fmt: skip
 
 
 def span_observer() -> DecisionObserver | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -16,6 +16,7 @@ from .core.algorithms import Algorithm
 from .core.calendar import Calendar
 from .core.headers import HeaderMode, Renamer, header_names
 from .core.plans import DEFAULT_PLANS, PlanCatalog, catalog_from_config
+from .core.priority import DEFAULT_RESERVE, Priority, parse_reserve
 from .core.rates import ACCEPTED, MAX_WINDOW, Rate, Rates, parse_rate, parse_rates
 from .storage.breaker import DEFAULT_THRESHOLD
 from .storage.failover import FailMode
@@ -68,6 +69,11 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_HEADER_NAMES": None,  # e.g. {"X-RateLimit-Limit": "X-Quota-Limit"}: renames ours
     "QUOTA_PREFETCH": None,  # e.g. 0.05: a worker may take up to 5% of a bucket ahead, spend
     # it locally, and ask storage again only when its share runs out
+    "QUOTA_PRIORITY": None,  # callable() -> "critical" | "default" | "sheddable"
+    "QUOTA_CAPACITY": None,  # e.g. 64: requests in flight at once across every server
+    "QUOTA_RESERVE": DEFAULT_RESERVE,  # share of the capacity only higher classes may use
+    "QUOTA_ADAPTIVE": False,  # True: each worker's capacity follows measured latency
+    "QUOTA_MAX_QUEUE_MS": None,  # e.g. 2000: shed a non-critical request queued longer
 }
 
 # What each key means: the configuration reference (README, docs and init_app's
@@ -183,6 +189,36 @@ DOCS["QUOTA_HEADER_NAMES"] = (
     "503 too); the old name is not sent. ``None``: the usual names."
 )
 
+DOCS["QUOTA_PRIORITY"] = (
+    "A callable asked on every request, returning its class: ``critical``, ``default`` or "
+    "``sheddable``; it wins over a route's ``priority=`` (``None``: the route's, else "
+    "``default``). Asked only when ``QUOTA_CAPACITY``, ``QUOTA_ADAPTIVE`` or "
+    "``QUOTA_MAX_QUEUE_MS`` is set."
+)
+DOCS["QUOTA_CAPACITY"] = (
+    "Requests in flight at once across every worker of every server sharing the storage, "
+    "checked in the request's one storage call (``None``: no limit). Past it (less the "
+    'reserves) a request is shed: 503, ``"tier": "capacity"``. With '
+    "``QUOTA_ADAPTIVE`` it also caps each worker's adaptive capacity."
+)
+DOCS["QUOTA_RESERVE"] = (
+    "Share of the capacity each class leaves to the classes above it, as a dict (or JSON): "
+    '``{"critical": 0.2, "default": 0.1}`` admits sheddable requests up to 70% of '
+    "it, default ones up to 90%, critical ones up to all of it."
+)
+DOCS["QUOTA_ADAPTIVE"] = (
+    "``True``: each worker limits its own requests in flight to a capacity that follows "
+    "the latency it measures (a gradient on the no-load time, see Overload protection), "
+    "shed by class with ``QUOTA_RESERVE``; ``QUOTA_CAPACITY``, if set, caps it."
+)
+DOCS["QUOTA_MAX_QUEUE_MS"] = (
+    "Shed a non-critical request that waited longer than this many milliseconds before "
+    "reaching the app, by the ``X-Request-Start`` header its proxy wrote (``t=<seconds."
+    'fraction>``, ``t=<microseconds>`` or ``<milliseconds>``): 503, ``"tier": '
+    '"queue"``. Set it only behind a proxy that writes (overwrites) the header. ``None``: '
+    "the header is never read."
+)
+
 # Read by the dashboard when it is mounted (dashboard/auth.py), not by Settings.
 DASHBOARD_DOCS: dict[str, str] = {
     "QUOTA_DASHBOARD_USERS": "Dashboard logins: ``{user: werkzeug password hash}`` (or JSON).",
@@ -241,6 +277,18 @@ class Settings:
     renamer: Renamer | None = None  # QUOTA_HEADER_NAMES; None: the usual names
     lease_seconds: int = 60
     prefetch: float | None = None  # QUOTA_PREFETCH: the largest share of a bucket taken ahead
+    priority: Callable[[], Any] | None = None  # QUOTA_PRIORITY: a request's class
+    capacity: int | None = None  # QUOTA_CAPACITY: the fleet's requests in flight at most
+    reserve: Mapping[Priority, float] = field(
+        default_factory=lambda: parse_reserve(DEFAULT_RESERVE)
+    )  # QUOTA_RESERVE
+    adaptive: bool = False  # QUOTA_ADAPTIVE
+    max_queue_ms: float | None = None  # QUOTA_MAX_QUEUE_MS
+
+    @property
+    def overload(self) -> bool:
+        """True when any overload protection is on: then requests have a class."""
+        return self.capacity is not None or self.adaptive or self.max_queue_ms is not None
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -299,6 +347,11 @@ class Settings:
             calendar=_calendar(get),
             renamer=_renamer(get, "QUOTA_HEADER_NAMES"),
             prefetch=_prefetch(get, "QUOTA_PREFETCH"),
+            priority=_callable(get, "QUOTA_PRIORITY"),
+            capacity=_capacity(get, "QUOTA_CAPACITY"),
+            reserve=parse_reserve(get["QUOTA_RESERVE"]),
+            adaptive=_flag(get, "QUOTA_ADAPTIVE"),
+            max_queue_ms=_milliseconds(get, "QUOTA_MAX_QUEUE_MS"),
         )
         for key in ("QUOTA_DEFAULT_PLAN", "QUOTA_ANONYMOUS_PLAN"):
             if get[key] not in plans:
@@ -462,6 +515,44 @@ def _block_after(get: dict[str, Any], key: str) -> Rate | None:
             f"{rate.calendar}; use e.g. '20/minute' or '500/day'"
         )
     return rate
+
+
+def _callable(get: dict[str, Any], key: str) -> Callable[[], Any] | None:
+    value = get[key]
+    if value is None:
+        return None
+    if not callable(value):
+        raise ValueError(f"{key} must be a callable returning a request's class, got {value!r}")
+    return value  # type: ignore[no-any-return]
+
+
+def _capacity(get: dict[str, Any], key: str) -> int | None:
+    """A whole number of requests in flight, at least 1 (or digits), or ``None``."""
+    value = get[key]
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    text = value.strip() if isinstance(value, str) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif text is not None and text.isascii() and text.isdigit() and len(text) <= 9:
+        number = int(text)
+    else:
+        number = 0
+    if not 1 <= number <= 1_000_000:
+        raise ValueError(
+            f"{key}={value!r} must be a whole number of requests in flight at once across the "
+            "fleet, from 1 to 1,000,000 (e.g. 64), or None"
+        )
+    return number
+
+
+def _milliseconds(get: dict[str, Any], key: str) -> float | None:
+    number = _fraction(get, key)
+    if number is not None and not 0 < number < 3_600_000:
+        raise ValueError(
+            f"{key}={get[key]!r} must be a number of milliseconds above 0 (e.g. 2000), or None"
+        )
+    return number
 
 
 def _rates(get: dict[str, Any], key: str) -> Rates:

@@ -14,7 +14,9 @@ atomic storage call tells which request crossed); ``decision`` as above and
 ``check``, the ``TierResult`` of that bucket. ``storage_failed``: the storage stopped
 answering and the fail mode applies; ``error`` is the exception.
 ``storage_recovered``: it answers again. The storage signals are sent once per
-change of the circuit breaker, not once per request.
+change of the circuit breaker, not once per request. ``quota_shed``: overload
+protection shed a request (503); ``priority`` is its class, ``reason`` ``capacity``
+or ``queue``, ``shadow`` True when ``QUOTA_SHADOW`` only counted it and served it.
 
 A receiver that raises is logged (with its traceback) and the others still run:
 the decision stands, whatever a receiver does.
@@ -32,6 +34,7 @@ __all__ = [
     "quota_exceeded",
     "quota_near_limit",
     "quota_shadow_exceeded",
+    "quota_shed",
     "storage_failed",
     "storage_recovered",
 ]
@@ -43,6 +46,7 @@ _signals = Namespace()
 quota_exceeded = _signals.signal("quota-exceeded")
 quota_shadow_exceeded = _signals.signal("quota-shadow-exceeded")
 quota_near_limit = _signals.signal("quota-near-limit")
+quota_shed = _signals.signal("quota-shed")
 storage_failed = _signals.signal("quota-storage-failed")
 storage_recovered = _signals.signal("quota-storage-recovered")
 

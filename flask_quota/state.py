@@ -17,12 +17,14 @@ from .core.enforcer import Enforcer
 from .core.generations import Generations
 from .core.plans import PlanCatalog
 from .core.policy import Policy
+from .core.priority import Priority
+from .overload import Shedder
 from .recorder import UsageRecorder
 from .settings import Settings
 from .sql.store import SqlStore
 from .storage import Storage
 from .storage.failover import GuardedStorage
-from .views import Found, Resolved, for_method, resolve, watch
+from .views import Found, Limits, Resolved, for_method, priority_of, resolve, watch
 
 if TYPE_CHECKING:
     from .metrics import QuotaMetrics
@@ -46,6 +48,9 @@ class QuotaState:
     # an endpoint's first request: one dict lookup per request instead of attribute
     # probes on the view and its blueprints. Emptied when a mark is added (``views``).
     views: dict[str, Resolved] = field(default_factory=dict)
+    # (endpoint, method) -> its class (``views.priority_of``), with overload protection.
+    priorities: dict[tuple[str, str], Priority | None] = field(default_factory=dict)
+    shedder: Shedder | None = None  # overload protection's in-worker part, when on
     proxy_warned: bool = False  # X-Forwarded-For without ProxyFix has been checked (once)
     # A request of this app has held a lease: from then on the app has the teardown hook
     # that gives leases back (see ``after.lease_teardown``).
@@ -57,6 +62,19 @@ class QuotaState:
 
     def __post_init__(self) -> None:
         watch(self)  # a limit added later to a view empties ``views``
+
+    def forget_views(self) -> None:
+        """Resolve every endpoint again (a mark was added to a view)."""
+        self.views.clear()
+        self.priorities.clear()
+
+    def priority(self, app: Flask, endpoint: str, method: str, specs: Limits) -> Priority | None:
+        """``views.priority_of``, once per endpoint and method."""
+        key = (endpoint, method)
+        if key in self.priorities:
+            return self.priorities[key]
+        found = self.priorities[key] = priority_of(app, endpoint, method, specs)
+        return found
 
     def view_limit(self, app: Flask, endpoint: str, method: str) -> Found:
         """``(exempt, limits)`` of ``endpoint`` for a request of ``method`` (``views.resolve``),

@@ -31,6 +31,7 @@ from flask import Blueprint, Flask
 from flask.views import MethodView, View
 
 from .core.policy import LimitSpec
+from .core.priority import Priority
 
 __all__ = [
     "ANY_METHOD",
@@ -43,7 +44,9 @@ __all__ = [
     "limit_of",
     "limited_endpoints",
     "named",
+    "priority_of",
     "resolve",
+    "set_priority",
     "watch",
 ]
 
@@ -61,6 +64,7 @@ ANY_METHOD = "*"
 # endpoint.
 LIMIT_ATTR = "__quota_limit__"
 EXEMPT_ATTR = "__quota_exempt__"
+PRIORITY_ATTR = "__quota_priority__"  # @quota.priority: the view's class (overload)
 
 _WRAPS_DEPTH = 3  # decorators without functools.wraps looked through, at most
 _told_wraps: set[str] = set()  # endpoints whose missing functools.wraps was said
@@ -69,13 +73,14 @@ _caches: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def watch(holder: Any) -> None:
-    """Empty ``holder.views`` (an app's resolved endpoints) whenever a mark is added."""
+    """Call ``holder.forget_views()`` (an app's resolved endpoints) whenever a mark is
+    added."""
     _caches.add(holder)
 
 
 def _marked(view: Any) -> None:
     for holder in list(_caches):
-        holder.views.clear()
+        holder.forget_views()
 
 
 def _check_target(view: Any, what: str) -> None:
@@ -97,6 +102,42 @@ def exempt(view: F) -> F:
     setattr(view, EXEMPT_ATTR, True)
     _marked(view)
     return view
+
+
+def set_priority(view: F, priority: Priority) -> F:
+    """Mark a view (a blueprint: all its views; a class-based view or one of its methods)
+    with a priority class (``@quota.priority``)."""
+    _check_target(view, "@quota.priority")
+    setattr(view, PRIORITY_ATTR, priority)
+    _marked(view)
+    return view
+
+
+def priority_of(app: Flask, endpoint: str, method: str, specs: Limits) -> Priority | None:
+    """An endpoint's class for a request of ``method``: ``@quota.priority`` on its view
+    (a class-based view's method, then the class), else its limits' ``priority=`` (the
+    one nearest the function), else its blueprints' ``@quota.priority``, innermost
+    first; None when none says."""
+    view = app.view_functions.get(endpoint)
+    cls = getattr(view, "view_class", None)
+    targets: list[Any] = []
+    if isinstance(cls, type) and issubclass(cls, View):
+        targets += [getattr(cls, method.lower(), None), cls.dispatch_request, cls]
+    targets.append(_carrier(view, endpoint))
+    for target in targets:
+        found = getattr(target, PRIORITY_ATTR, None)
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+    for spec in specs:
+        if spec.priority is not None:
+            return spec.priority
+    name = endpoint.rpartition(".")[0]
+    while name:
+        found = getattr(app.blueprints.get(name), PRIORITY_ATTR, None)
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+        name = name.rpartition(".")[0]
+    return None
 
 
 def limit_of(view: Any) -> Limits:

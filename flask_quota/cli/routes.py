@@ -14,10 +14,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..core.plans import PlanCatalog
 from ..core.policy import LimitSpec
+from ..core.priority import Priority
 from ..sql.errors import TablesMissing
 from ..sql.store import DEFAULT_DATABASE_FILE
 from ..state import QuotaState
-from ..tools.routes import LimitsOf, as_json, plan_tiers, route_rows
+from ..tools.routes import LimitsOf, PriorityOf, as_json, plan_tiers, route_rows
 from ..views import EXEMPT_ATTR
 from .common import app_state, table
 
@@ -34,9 +35,11 @@ def routes(as_json_: bool) -> None:
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
     state = app_state()
     catalog = _catalog(app, state)
+    priority_of = _priority_of(app, state) if state.settings.overload else None
     rows = route_rows(
-        app.url_map.iter_rules(), _limits_of(app, state), catalog, state.settings.exempt_methods
-    )
+        app.url_map.iter_rules(), _limits_of(app, state), catalog,
+        state.settings.exempt_methods, priority_of,
+    )  # fmt: skip
     tiers = plan_tiers(catalog)
     if not state.settings.enabled:
         click.echo("warning: QUOTA_ENABLED is off: no limit applies to any request", err=True)
@@ -55,9 +58,12 @@ def routes(as_json_: bool) -> None:
     )
     click.echo()
     plans = [t.plan for t in tiers]
+    classes = priority_of is not None  # overload protection on: a PRIORITY column
     lines = []
     for row in rows:
         head = [row.rule, ",".join(row.methods) or "-", row.endpoint]
+        if classes:
+            head.append(row.priority or "-")
         if row.exempt:
             lines.append([*head, f"exempt ({row.exempt})", *["-"] * (3 + len(plans))])
         elif not row.limits:
@@ -65,7 +71,11 @@ def routes(as_json_: bool) -> None:
         for limit in row.limits:
             own = [limit.resource, limit.rate or "-", str(limit.cost), ",".join(limit.flags) or "-"]
             lines.append([*head, *own, *(limit.plans[p] or "-" for p in plans)])
-    table(lines, ["RULE", "METHODS", "ENDPOINT", "LIMIT", "RATE", "COST", "FLAGS", *plans])
+    table(
+        lines,
+        ["RULE", "METHODS", "ENDPOINT", *(["PRIORITY"] if classes else []), "LIMIT", "RATE",
+         "COST", "FLAGS", *plans],
+    )  # fmt: skip
 
 
 def _catalog(app: Flask, state: QuotaState) -> PlanCatalog:
@@ -106,6 +116,14 @@ def _limits_of(app: Flask, state: QuotaState) -> LimitsOf:
         return None, specs
 
     return limits_of
+
+
+def _priority_of(app: Flask, state: QuotaState) -> PriorityOf:
+    def priority_of(endpoint: str, method: str, specs: Sequence[LimitSpec]) -> str:
+        found = state.priority(app, endpoint, method, tuple(specs))
+        return (found or Priority.DEFAULT).value
+
+    return priority_of
 
 
 def _why_exempt(app: Flask, endpoint: str, method: str) -> str:

@@ -82,12 +82,23 @@ _CODES = {
 class Gate(StrEnum):
     """Checks that ride along with the tiers but are not rate limits."""
 
-    BLOCK = "block"  # denies while the caller's block key lives (see ``tools/blocks.py``)
+    BLOCK = "block"  # denies while the caller's block key lives (see ``blocking.py``)
     LEASE = "lease"  # takes one of N slots until given back or expired (see ``core/leases.py``)
+    # A lease on the fleet's one set of requests in flight (``QUOTA_CAPACITY``): stored and
+    # decided as a lease; a gate of its own so the fail mode can give each worker its share.
+    CAPACITY = "capacity"
 
     @property
     def code(self) -> str:
-        return "blk" if self is Gate.BLOCK else "ls"
+        return _GATE_CODES[self]
+
+    @property
+    def leases(self) -> bool:
+        """True for a gate decided as a lease: a slot held until given back or expired."""
+        return self is not Gate.BLOCK
+
+
+_GATE_CODES = {Gate.BLOCK: "blk", Gate.LEASE: "ls", Gate.CAPACITY: "cap"}
 
 
 class Outcome(NamedTuple):

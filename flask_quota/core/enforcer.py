@@ -10,6 +10,7 @@ can drive a whole decision with plain objects.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,22 +19,29 @@ from typing import Protocol
 from . import leases
 from .algorithms import Outcome
 from .checks import Check
-from .errors import CallerBlocked, QuotaExceeded, QuotaUnavailable
+from .errors import CallerBlocked, QuotaExceeded, QuotaUnavailable, RequestShed
 from .facts import Facts, Limit
 from .generations import Generations
 from .keys import KeyBuilder
 from .plans import Plan, PlanCatalog
 from .policy import Decision, LimitSpec, Policy, TierCheck, TierResult
+from .priority import Priority
 from .reply import HeldReply, LocalReply, Reply
 from .route import Route, build_route
 from .tiers import Tier
 
 __all__ = ["Decided", "DecisionObserver", "Enforcer", "Events", "Guard"]
 
+log = logging.getLogger("flask_quota")
+
 ROUTES = 4096  # routes per generation of the route cache
 # (plan id, endpoint, method, cost, no limit?, tenant?, shape): ``shape`` is None for a
 # view with one literal-rate limit (the endpoint says which), else its limits and costs.
-RouteKey = tuple[int, str | None, str, int, bool, bool, object]
+# A request of a class (overload protection's fleet capacity) adds its priority.
+RouteKey = (
+    tuple[int, str | None, str, int, bool, bool, object]
+    | tuple[int, str | None, str, int, bool, bool, object, Priority]
+)
 
 # What ``DecisionObserver.unavailable`` is told: the storage could not answer, and
 # the fail mode refused the request (closed) or let it through (open).
@@ -99,9 +107,13 @@ class DecisionObserver(Protocol):
     def near_limit(self, decision: Decision, result: TierResult) -> None:
         """The request took ``result``'s bucket across ``QUOTA_NEAR_LIMIT``."""
 
+    def shed(self, priority: Priority, reason: str, *, shadow: bool) -> None:
+        """A request of class ``priority`` was shed (``reason``: ``capacity`` or ``queue``),
+        or would have been (``shadow``: ``QUOTA_SHADOW``, it was served)."""
+
 
 class Events(Protocol):
-    """Told when a request is denied, or a shadow tier would have denied it."""
+    """Told when a request is denied, or a shadow tier would have denied it, or shed."""
 
     def exceeded(self, decision: Decision) -> None: ...
 
@@ -109,11 +121,19 @@ class Events(Protocol):
 
     def near_limit(self, decision: Decision, result: TierResult) -> None: ...
 
+    def shed(self, priority: Priority, reason: str, *, shadow: bool) -> None: ...
+
 
 def counted_by(counted: Callable[[LimitSpec], bool], decided: Decided, check: TierCheck) -> bool:
     """``counted``'s answer for the limit of ``check``, an endpoint check of ``decided``."""
     spec = decided.limit_of(check.resource)
     return spec is None or counted(spec)
+
+
+def _priority_of(facts: Facts | None) -> Priority:
+    """The class of the request ``facts`` describe (``default`` when it has none)."""
+    found = facts.priority if facts is not None else None
+    return found if found is not None else Priority.DEFAULT
 
 
 def _denying(facts: Facts | None, denied: TierResult) -> tuple[LimitSpec | None, int]:
@@ -194,9 +214,10 @@ class Enforcer:
         spec = facts.spec
         resource = (spec.resource or facts.endpoint) if spec is not None else None
         more = facts.more
+        priority = facts.priority if self.policy.capacity is not None else None
         route = self.route(
             catalog, plan, facts.endpoint, facts.method, spec, resource, facts.cost,
-            tenant=tenant is not None, more=more,
+            tenant=tenant is not None, more=more, priority=priority,
         )  # fmt: skip
         if not route.tiers:
             return None
@@ -213,9 +234,9 @@ class Enforcer:
             keys = route.keys_of((facts.ip_tag, tag, owner, tenant or "", *owners))
         else:
             keys = route.keys(facts.ip_tag, tag, owner, tenant or "")
-        if route.leases:  # this request's own member in its lease sets (core/leases.py)
+        if route.held:  # this request's own member in its lease sets (core/leases.py)
             member = leases.new_member()
-            for i in route.leases:
+            for i in route.held:
                 keys[i] += member
         observer = self.observer  # ``watching()``, inlined: the request path's one ask
         if observer is not None and not observer.watching():
@@ -282,11 +303,20 @@ class Enforcer:
             raise self.refusal(decision, gate, gate_key)
         if keep is not None and decided is not None:
             keep(decided)
-        if self.events is not None and decision.shadow_denied:
-            self.events.shadow_exceeded(decision)
+        if decision.shadow_denied:
+            if self.events is not None:
+                self.events.shadow_exceeded(decision)
+            for result in decision.shadow_denied:
+                if result.tier is Tier.CAPACITY:  # QUOTA_SHADOW: a shed, told and served
+                    self.shed(_priority_of(facts), "capacity", shadow=True, observer=observer)
         denied = decision.denied
         if denied is None:
             return decided
+        if denied.tier is Tier.CAPACITY:  # no tier of the caller's denied: the fleet is full
+            self.shed(
+                _priority_of(facts), "capacity", limit=denied.outcome.limit,
+                decision=decision, observer=observer,
+            )  # fmt: skip
         if self.events is not None:
             self.events.exceeded(decision)
         # Waiting for a slot is what a concurrency denial asks (Retry-After: 1), so it
@@ -306,6 +336,32 @@ class Enforcer:
         unit = plan.unit_for(resource_name, limit.unit if limit is not None else None)
         detail = error_detail(limit, facts.endpoint if facts is not None else None)
         raise QuotaExceeded(decision, upgrade=upgrade, cost=cost, detail=detail, unit=unit)
+
+    def shed(
+        self,
+        priority: Priority,
+        reason: str,
+        *,
+        limit: int | None = None,
+        decision: Decision | None = None,
+        shadow: bool = False,
+        observer: DecisionObserver | None = None,
+    ) -> None:
+        """Shed a request of class ``priority`` (``reason``: ``capacity`` or ``queue``):
+        the signal and the metrics are told, and ``RequestShed`` (503) is raised; with
+        ``shadow`` (``QUOTA_SHADOW``) it is only told and logged, and the request served.
+        ``observer``: the decision's, when it is already asked (else asked here)."""
+        if observer is None:
+            observer = self.watching()
+        if observer is not None:
+            observer.shed(priority, reason, shadow=shadow)
+        if self.events is not None:
+            self.events.shed(priority, reason, shadow=shadow)
+        if shadow:
+            log.info("flask-quota: shadow mode: a %s request would have been shed (%s)",
+                     priority.value, reason)  # fmt: skip
+            return
+        raise RequestShed(reason, priority.value, limit=limit, decision=decision)
 
     def billing_day(self, catalog: PlanCatalog, facts: Facts | None) -> int | None:
         """The caller's own billing day (an SQL client's), which its calendar months
@@ -480,17 +536,23 @@ class Enforcer:
         *,
         tenant: bool = False,
         more: tuple[Limit, ...] = (),
+        priority: Priority | None = None,
     ) -> Route:
         """The request's ``Route``, built on first use (``plan`` comes from ``catalog``);
         ``tenant``: the caller has a tenant and the plan a tenant tier; ``more``: a
-        stacked view's further limits (``Facts.more``)."""
+        stacked view's further limits (``Facts.more``); ``priority``: the request's class
+        (the fleet's capacity check, ``QUOTA_CAPACITY``)."""
         if catalog is not self.routes_of:
             self.routes.clear()
             self.routes_of = catalog
         shape = None  # a view's one literal-rate limit: the endpoint and cost say all
         if more or (spec is not None and (spec.rate_of is not None or spec.stacked)):
             shape = (spec, tuple((s, c) for s, c, _ in more))  # rates and costs of each
-        key = (id(plan), endpoint, method, cost, spec is None, tenant, shape)
+        key: RouteKey
+        if priority is None:
+            key = (id(plan), endpoint, method, cost, spec is None, tenant, shape)
+        else:
+            key = (id(plan), endpoint, method, cost, spec is None, tenant, shape, priority)
         found = self.routes.current.get(key)
         if found is None or found.plan is not plan:  # the entry holds its plan: ids stay unique
             found = self._new_route(catalog, key, plan, spec, resource)
@@ -512,19 +574,24 @@ class Enforcer:
         """
         found = self.routes.recall(key)
         if found is None or found.plan is not plan:
-            _, endpoint, method, cost, _, tenant, shape = key
+            _, endpoint, method, cost, _, tenant, shape = key[:7]
+            priority = key[7] if len(key) > 7 else None
             if shape is not None:  # stacked limits or a callable rate: built as they are
                 found = build_route(
                     self.policy, plan, method=method, spec=spec, resource=resource, cost=cost,
                     tenant=tenant, near=self.near, more=shape[1],  # type: ignore[index]
+                    priority=priority,
                 )  # fmt: skip
             elif cost == 1:
                 found = build_route(
                     self.policy, plan, method=method, spec=spec, resource=resource, cost=1,
-                    tenant=tenant, near=self.near,
+                    tenant=tenant, near=self.near, priority=priority,
                 )  # fmt: skip
             else:
-                unit = self.route(catalog, plan, endpoint, method, spec, resource, 1, tenant=tenant)
+                unit = self.route(
+                    catalog, plan, endpoint, method, spec, resource, 1, tenant=tenant,
+                    priority=priority,
+                )  # fmt: skip
                 found = unit.costing(cost)
             self.routes.put(key, found)
         return found

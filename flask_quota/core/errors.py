@@ -20,6 +20,7 @@ __all__ = [
     "InvalidApiKey",
     "QuotaExceeded",
     "QuotaUnavailable",
+    "RequestShed",
     "retry_after_seconds",
 ]
 
@@ -255,6 +256,57 @@ class QuotaUnavailable(_Problem, ServiceUnavailable):
 
     def extra_headers(self) -> list[tuple[str, str]]:
         """``Retry-After`` until the next probe of the storage."""
+        return [(RETRY_AFTER, str(self.retry_after))]
+
+
+class RequestShed(_Problem, ServiceUnavailable):
+    """The service sheds the request to protect itself (overload protection): 503 with
+    ``Retry-After`` and ``"tier"``: ``"capacity"`` (the capacity in force, less the
+    reserves of the classes above this request's, is in use) or ``"queue"`` (it waited
+    longer than ``QUOTA_MAX_QUEUE_MS`` before reaching the app), and its ``"priority"``.
+    No caller budget was charged. ``decision`` is the storage's decision when the fleet's
+    capacity refused it (else None: decided in-process)."""
+
+    def __init__(
+        self,
+        tier: str,
+        priority: str,
+        *,
+        retry_after: int = 1,
+        limit: int | None = None,
+        decision: Decision | None = None,
+    ) -> None:
+        if tier == "queue":
+            detail = (
+                f"The request waited longer than the {limit} ms allowed before reaching the "
+                f"service, which sheds such {priority} requests under load."
+            )
+        else:
+            at = f" ({limit} in flight for {priority} requests)" if limit is not None else ""
+            detail = (
+                f"The service is at its capacity{at}; {priority} requests are shed until it "
+                "has room. Retry later."
+            )
+        super().__init__(detail)
+        # Set after super().__init__, which would reset ``retry_after``.
+        self.tier = tier
+        self.priority = priority
+        self.retry_after = max(1, retry_after)
+        self.limit = limit
+        self.decision = decision
+
+    def problem(self) -> dict[str, Any]:
+        """The 503 problem body: the reason (``tier``), the request's class and the wait."""
+        return {
+            **super().problem(),
+            "tier": self.tier,
+            "priority": self.priority,
+            "limit": self.limit,
+            "retry_after": self.retry_after,
+        }
+
+    def extra_headers(self) -> list[tuple[str, str]]:
+        """``Retry-After`` in whole seconds, at least 1."""
         return [(RETRY_AFTER, str(self.retry_after))]
 
 

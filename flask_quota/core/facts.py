@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from .identity import Identity
 from .policy import LimitSpec
+from .priority import Priority
 from .rates import Rate, Rates, parse_rates
 from .validators import is_count
 
@@ -36,6 +37,8 @@ class Facts:
     # A stacked view's further limits that apply, each (spec, cost, owner) as above: their
     # resources are set (``state.view_limit``), and all are decided in the same call.
     more: tuple[Limit, ...] = ()
+    # Its class, with overload protection on (``core.priority``); None: off.
+    priority: Priority | None = None
 
 
 def limit_hooks(
@@ -111,17 +114,21 @@ def facts_of(
     ip_tag: str,
     identity: Identity | None,
     specs: Sequence[LimitSpec] = (),
+    priority: Priority | None = None,
 ) -> Facts:
-    """A request's facts, its limits' callables asked (see the module docstring)."""
+    """A request's facts, its limits' callables asked (see the module docstring);
+    ``priority``: its class, when overload protection is on."""
     if not specs:
-        return Facts(method, endpoint, ip_tag, identity)
+        return Facts(method, endpoint, ip_tag, identity, priority=priority)
     if len(specs) > 1:  # stacked limits: each is evaluated, all in one decision
         spec, cost, owner, more = stack_hooks(specs, endpoint)
-        return Facts(method, endpoint, ip_tag, identity, spec, cost, owner, more)
+        return Facts(method, endpoint, ip_tag, identity, spec, cost, owner, more, priority)
     spec = specs[0]  # the usual case: one limit
     if spec.exempt_when is not None and spec.exempt_when():
-        return Facts(method, endpoint, ip_tag, identity)
+        return Facts(method, endpoint, ip_tag, identity, priority=priority)
     if spec.key is None and spec.rate_of is None and isinstance(weight := spec.cost, int):
-        return Facts(method, endpoint, ip_tag, identity, spec, weight)  # nothing to ask
+        if priority is None:  # nothing to ask (the usual case)
+            return Facts(method, endpoint, ip_tag, identity, spec, weight)
+        return Facts(method, endpoint, ip_tag, identity, spec, weight, priority=priority)
     found, cost, owner = limit_hooks(spec, endpoint)
-    return Facts(method, endpoint, ip_tag, identity, found, cost, owner)
+    return Facts(method, endpoint, ip_tag, identity, found, cost, owner, priority=priority)

@@ -136,6 +136,11 @@ class KeyBuilder:
         """Where a caller's block lives: in its own hash slot, next to its buckets."""
         return f"{self.prefix}:{{{tag}}}:b"
 
+    def capacity_key(self) -> str:
+        """The fleet's one set of requests in flight (``QUOTA_CAPACITY``): a hash tag of
+        its own, so a Cluster keeps it in one slot."""
+        return f"{self.prefix}:{{fleet}}:cap"
+
     def block_match(self) -> str:
         """A glob matching every block key (for listing blocks)."""
         return f"{self.prefix}:{{*}}:b"

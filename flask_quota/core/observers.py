@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from .enforcer import DecisionObserver
 from .policy import Decision, TierCheck, TierResult
+from .priority import Priority
 
 __all__ = ["Observers", "combined"]
 
@@ -34,6 +35,10 @@ class Observers:
     def near_limit(self, decision: Decision, result: TierResult) -> None:
         for o in self.observers:
             o.near_limit(decision, result)
+
+    def shed(self, priority: Priority, reason: str, *, shadow: bool) -> None:
+        for o in self.observers:
+            o.shed(priority, reason, shadow=shadow)
 
 
 def combined(*observers: DecisionObserver | None) -> DecisionObserver | None:

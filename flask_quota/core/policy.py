@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -15,6 +15,7 @@ from .generations import Generations
 from .keys import KeyBuilder, Tag
 from .leases import lease_key
 from .plans import ENFORCED, LimitMode, Plan
+from .priority import Priority, class_limits
 from .rates import Rate, Rates
 from .reply import Reply
 from .tiers import Tier
@@ -68,6 +69,7 @@ class LimitSpec:
         default_factory=lambda: Generations(64), init=False, compare=False, repr=False
     )
     unit: str | None = None  # what the resource counts ("tokens"); a plan's unit wins
+    priority: Priority | None = None  # the route's class (``priority=``); None: default
 
     def method_of(self, method: str) -> str:
         """The method part of this limit's key: ``HEAD`` is ``GET`` without a body."""
@@ -132,7 +134,11 @@ class Decision:
     def rated(self) -> tuple[TierResult, ...]:
         """The enforced results of rates: what the rate-limit headers describe (a
         concurrency limit is not a rate, it has headers of its own)."""
-        return tuple(r for r in self.results if not r.shadow and r.tier is not Tier.CONCURRENT)
+        return tuple(
+            r
+            for r in self.results
+            if not r.shadow and r.tier is not Tier.CONCURRENT and r.tier is not Tier.CAPACITY
+        )
 
     @property
     def allowed(self) -> bool:
@@ -140,14 +146,24 @@ class Decision:
         return all(r.outcome.allowed or r.shadow for r in self.results)
 
     def _pick(
-        self, rule: Callable[[Reply, list[int]], int], *, leases: bool = False
+        self,
+        rule: Callable[[Reply, list[int]], int],
+        *,
+        leases: bool = False,
+        capacity: bool = False,
     ) -> TierResult | None:
         """The enforced result that ``Reply``'s rule ``rule`` picks (one home for it),
-        among the rates and, with ``leases``, the concurrency limits too."""
+        among the rates and, with ``leases``, the concurrency limits too; with
+        ``capacity``, the fleet's capacity alone."""
         among = [
             i
             for i, r in enumerate(self.results)
-            if not r.shadow and (leases or r.tier is not Tier.CONCURRENT)
+            if not r.shadow
+            and (
+                r.tier is Tier.CAPACITY
+                if capacity
+                else r.tier is not Tier.CAPACITY and (leases or r.tier is not Tier.CONCURRENT)
+            )
         ]
         if not among:
             return None
@@ -157,8 +173,9 @@ class Decision:
 
     @property
     def denied(self) -> TierResult | None:
-        """The denying (enforced) tier that makes the caller wait longest."""
-        return self._pick(Reply.denied, leases=True)
+        """The denying (enforced) tier that makes the caller wait longest; the fleet's
+        capacity only when no tier of the caller's denied (then the request is shed)."""
+        return self._pick(Reply.denied, leases=True) or self._pick(Reply.denied, capacity=True)
 
     @property
     def shadow_denied(self) -> tuple[TierResult, ...]:
@@ -279,8 +296,15 @@ class Policy:
         shadow: bool = False,
         calendar: Calendar | None = None,
         lease_seconds: int = 60,
+        capacity: int | None = None,
+        reserve: Mapping[Priority, float] | None = None,
     ) -> None:
         self.keys = keys
+        # QUOTA_CAPACITY shared out by QUOTA_RESERVE: the fleet's requests in flight below
+        # which each class is admitted (``core.priority.class_limits``); None: no check.
+        self.capacity: dict[Priority, int] | None = None
+        if capacity is not None:
+            self.capacity = class_limits(capacity, reserve or {})
         self.lease_seconds = lease_seconds  # QUOTA_LEASE_SECONDS: a lease's longest life
         self.algorithm = algorithm  # QUOTA_ALGORITHM: a limit without its own algorithm
         self.shadow = shadow  # QUOTA_SHADOW: every tier is a shadow tier
@@ -323,10 +347,13 @@ class Policy:
         endpoint_tag: str | None = None,
         tenant_tag: str | None = None,
         more: Sequence[tuple[LimitSpec, str, int, str | None]] = (),
+        priority: Priority | None = None,
     ) -> list[TierCheck]:
         """The global, tenant, user and endpoint checks that apply, in that order; one
         per rate. ``more`` are the further limits stacked on the view, each (spec,
-        resource, cost, endpoint_tag): their endpoint checks follow the first's.
+        resource, cost, endpoint_tag): their endpoint checks follow the first's. Then
+        the concurrency leases, and last, with a ``priority`` and ``QUOTA_CAPACITY``,
+        the fleet's capacity for that class.
 
         ``cost`` weighs the endpoint tier only: the global, tenant and user tiers count
         requests, the endpoint tier counts the work a request asks for.
@@ -345,6 +372,12 @@ class Policy:
             if limit.concurrent is not None:
                 tag = identity_tag if owner is None else owner
                 self._limit_lease(checks, tag, name, limit.concurrent, 1)
+        if priority is not None and self.capacity is not None:
+            check = Check(
+                lease_key(self.keys.capacity_key()), Gate.CAPACITY,
+                Rate(self.capacity[priority], self.lease_seconds), 1, self.shadow,
+            )  # fmt: skip
+            checks.append(TierCheck(Tier.CAPACITY, "capacity", check))
         return checks
 
     def endpoint_tier(

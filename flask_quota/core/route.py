@@ -43,6 +43,7 @@ from .policy import (
     gate_check,
     on_billing_day,
 )
+from .priority import Priority
 from .reply import Reply
 from .tiers import Tier
 
@@ -60,6 +61,7 @@ IP, WHO, KEY, TENANT = range(4)
 # slow path, about ten times a global's cost.
 _NO_HEADERS, _IETF, _LEGACY = HeaderMode.NONE, HeaderMode.IETF, HeaderMode.LEGACY
 _OPEN_GATE = Outcome(True, 0, 0, 0, 0)  # a block gate letting by (``settled_headers``)
+_NOT_RATES = (Tier.CONCURRENT, Tier.CAPACITY)  # slots held, not rates: not in the headers
 
 
 def _owner_mark(n: int) -> str:
@@ -80,9 +82,9 @@ class Route:
     encoding by identity. ``costing()`` derives the route of another cost.
     """
 
-    __slots__ = ("billed", "calls", "enforced", "labels", "leases", "limit_texts", "limits",
-                 "lines", "names", "parts", "plan", "policy", "rooms", "shadow", "shown_among",
-                 "tiers")  # fmt: skip
+    __slots__ = ("billed", "calls", "enforced", "held", "labels", "leases", "limit_texts",
+                 "limits", "lines", "names", "parts", "plan", "policy", "rooms", "shadow",
+                 "shown_among", "tiers")  # fmt: skip
 
     def __init__(
         self, plan: Plan, tiers: Sequence[TierCheck], gate: Check, near: float | None = None
@@ -98,11 +100,14 @@ class Route:
         self.shadow = any(c.shadow for c in self.calls)  # then a shadow denial may need a signal
         # What the headers show, per tier; only enforced (non-shadow) rates are shown.
         self.enforced = tuple(
-            i for i, t in enumerate(tiers) if not t.check.shadow and t.tier is not Tier.CONCURRENT
+            i for i, t in enumerate(tiers) if not t.check.shadow and t.tier not in _NOT_RATES
         )
         # The concurrency limits, as checks: decided once here, so a route without one
         # does nothing more per request (see ``Enforcer.decide`` and ``lease_headers``).
         self.leases = tuple(i + 1 for i, t in enumerate(tiers) if t.tier is Tier.CONCURRENT)
+        # Every check holding a slot until the response ends: the concurrency limits and
+        # the fleet's capacity (``QUOTA_CAPACITY``), each with the request's member.
+        self.held = tuple(i + 1 for i, t in enumerate(tiers) if t.tier in _NOT_RATES)
         self.shown_among = tuple(i + 1 for i in self.enforced)  # as checks: the gate is 0
         self.limits = tuple(shown_limit(t.check) for t in tiers)
         self.limit_texts = tuple(str(limit) for limit in self.limits)
@@ -163,7 +168,7 @@ class Route:
         return tuple(
             (i + 1, self.rooms[i], t.check.cost)
             for i, t in enumerate(self.tiers)
-            if t.check.cost and t.tier is not Tier.CONCURRENT  # a slot is not a rate's unit
+            if t.check.cost and t.tier not in _NOT_RATES  # a slot is not a rate's unit
         )
 
     def keys(self, ip_tag: str, tag: str, key_tag: str, tenant_tag: str = "") -> list[str]:
@@ -182,7 +187,8 @@ class Route:
         # for a route of four keys).
         keys = []
         for head, which, tail in self.parts:
-            keys.append(f"{head}{tags[which]}{tail}")
+            # A key without a tag is the fleet's (its capacity): the same for every caller.
+            keys.append(f"{head}{tags[which]}{tail}" if which >= 0 else head)
         return keys
 
     def checks(self, keys: Sequence[str]) -> list[Check]:
@@ -218,8 +224,9 @@ class Route:
         return gate, Decision(self.plan.name, results, reply.now_us)
 
     def lease_checks(self, keys: Sequence[str]) -> list[Check]:
-        """The concurrency limits' checks with the request's keys (its member in them)."""
-        return keyed([self.calls[i] for i in self.leases], [keys[i] for i in self.leases])
+        """The checks holding a slot (``held``) with the request's keys (its member in
+        them): what is given back after the response."""
+        return keyed([self.calls[i] for i in self.held], [keys[i] for i in self.held])
 
     def lease_headers(self, reply: Reply) -> list[tuple[str, str]]:
         """``X-Concurrency-Limit`` / ``-Remaining`` of the tightest concurrency limit
@@ -278,6 +285,7 @@ def build_route(
     tenant: bool = False,
     near: float | None = None,
     more: Sequence[tuple[LimitSpec, int]] = (),
+    priority: Priority | None = None,
 ) -> Route:
     """The route of a request, from the policy's own checks with placeholder tags;
     ``tenant``: the caller has a tenant, so its tenant tier applies; ``near``:
@@ -299,6 +307,7 @@ def build_route(
         endpoint_tag=keyed_by,
         tenant_tag=_MARKS[TENANT] if tenant else None,
         more=stacked,
+        priority=priority,
     )
     return Route(plan, tiers, gate_check(policy.keys, _MARKS[WHO]), near)
 
@@ -311,4 +320,4 @@ def _split(key: str) -> tuple[str, int, str]:
     owner = _OWNER_RE.search(key)
     if owner is not None:
         return key[: owner.start()], TENANT + int(owner[1]), key[owner.end() :]
-    raise AssertionError(f"route key {key!r} holds no tag")  # pragma: no cover
+    return key, -1, ""  # no caller's tag: the fleet's own key (``Tier.CAPACITY``)

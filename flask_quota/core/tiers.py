@@ -19,6 +19,9 @@ class Tier(StrEnum):
     ENDPOINT = "endpoint"  # per identity, method and resource: expensive endpoints
     # Not a rate: requests in flight at once (a plan's per caller, a limit's per resource).
     CONCURRENT = "concurrent"
+    # Not the caller's: the whole fleet's requests in flight (``QUOTA_CAPACITY``), a
+    # request's class deciding how much of it it may use. Its denial is a shed (503).
+    CAPACITY = "capacity"
 
 
 RATE_TIERS = (Tier.GLOBAL, Tier.TENANT, Tier.USER, Tier.ENDPOINT)

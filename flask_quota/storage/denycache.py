@@ -221,7 +221,7 @@ class DenyCache(Layer):
             for check, outcome in zip(checks, verdict.outcomes, strict=True):
                 if outcome.allowed or outcome.retry_after_us <= 0 or check.shadow:
                     continue  # a shadow denial is no denial
-                if check.algorithm is Gate.LEASE:
+                if check.algorithm is Gate.LEASE or check.algorithm is Gate.CAPACITY:
                     continue  # a slot frees whenever a request ends: never assume it stays full
                 deadline = sent + outcome.retry_after_us / US
                 denial = _Denial(

@@ -14,6 +14,7 @@ from typing import TypeVar
 from ..core.algorithms import Gate
 from ..core.clock import US
 from ..core.errors import QuotaUnavailable
+from ..core.rates import Rate
 from ..core.reply import HeldReply, LocalReply, Reply
 from . import Check, MemoryStorage, Storage, StorageError, Verdict
 from .base import flat_decide, keyed
@@ -38,7 +39,7 @@ class FailMode(StrEnum):
 # (a stalled server runs what it had read once it resumes), so it is sent a few times.
 RESEND_AFTER = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 MAX_PENDING = 10_000  # give-backs kept at most: past it, the oldest are dropped (they expire)
-_LEASE = Gate.LEASE
+_LEASES = (Gate.LEASE, Gate.CAPACITY)
 
 
 @dataclass(slots=True)
@@ -51,12 +52,21 @@ class _GiveBack:
     until: float  # monotonic seconds after which the leases have expired anyway
 
 
+def _share(check: Check, workers: int) -> Check:
+    """``check`` as one of ``workers`` decides it alone: a fleet capacity's slots shared
+    out (at least one each); any other check as it is."""
+    if check.algorithm is not Gate.CAPACITY:
+        return check
+    rate = Rate(max(1, check.rate.limit // workers), check.rate.window)
+    return Check(check.key, check.algorithm, rate, check.cost, check.shadow, check.calendar)
+
+
 def lease_checks(checks: Sequence[Check], keys: Sequence[str]) -> list[Check]:
     """The leases a request's ``checks`` take, on its ``keys`` (members included)."""
     return [
         Check(key, c.algorithm, c.rate, c.cost, c.shadow, c.calendar)
         for c, key in zip(checks, keys, strict=True)
-        if c.algorithm is _LEASE and c.cost > 0
+        if c.algorithm in _LEASES and c.cost > 0
     ]
 
 
@@ -87,10 +97,13 @@ class GuardedStorage:
     after the first give-back), until they would have expired anyway.
     """
 
-    def __init__(self, storage: Storage, mode: FailMode, breaker: CircuitBreaker) -> None:
+    def __init__(
+        self, storage: Storage, mode: FailMode, breaker: CircuitBreaker, *, workers: int = 1
+    ) -> None:
         self.storage = storage
         self.mode = mode
         self.breaker = breaker
+        self.workers = max(1, workers)  # the fleet capacity's share per worker, failing local
         self.fallback = MemoryStorage() if mode is FailMode.LOCAL else None
         # Answers from what the layers hold in-process (cached denials, shares in hand),
         # asked while the breaker is open: they stay true while the storage is down.
@@ -158,8 +171,11 @@ class GuardedStorage:
         self.breaker.failed(attempt, exc, self.mode.value)
 
     def _failed(self, checks: Sequence[Check], charge_locally: bool) -> Verdict | None:
-        """The fail mode's answer: the local verdict, ``None`` (open), or 503 (closed)."""
+        """The fail mode's answer: the local verdict, ``None`` (open), or 503 (closed).
+        Locally, the fleet's capacity (``QUOTA_CAPACITY``) is this worker's share of it."""
         if self.fallback is not None:
+            if self.workers > 1:
+                checks = [_share(c, self.workers) for c in checks]
             return self.fallback.decide(checks) if charge_locally else self.fallback.peek(checks)
         if self.mode is FailMode.CLOSED:
             raise QuotaUnavailable(math.ceil(self.breaker.seconds_to_probe()))

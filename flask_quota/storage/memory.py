@@ -82,7 +82,7 @@ class MemoryStorage:
         with self._lock:
             now = self._clock()
             for check in checks:
-                if check.algorithm is Gate.LEASE:
+                if check.algorithm in _LEASES:
                     self._release(check.key, now)
                 elif check.cost > 0 and isinstance(check.algorithm, Algorithm):
                     state = self._live(check.key, now)
@@ -317,12 +317,13 @@ def _lease(state: Any, now: int, rate: Rate, cost: int) -> Step:  # pragma: no c
 
 
 _LEASE = _lease
+_LEASES = (Gate.LEASE, Gate.CAPACITY)  # decided as leases (``lease_step``)
 
 
 def _step_of(check: Check) -> Callable[[Any, int, Rate, int], Step]:
     """The step function deciding ``check``: its algorithm's, or for a calendar rate a
     fixed window whose edges the calendar gives at the storage's ``now``."""
-    if check.algorithm is Gate.LEASE:
+    if check.algorithm in _LEASES:
         return _LEASE
     calendar, unit = check.calendar, check.rate.calendar
     if calendar is None or unit is None:

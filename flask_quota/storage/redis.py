@@ -204,7 +204,8 @@ def refund_args(checks: Sequence[Check], now_arg: Any, charged_at_us: int) -> li
     return args
 
 
-_LEASE = Gate.LEASE  # read per release: a member read through its class is Enum's slow path
+# Read per release: a member read through its class is Enum's slow path.
+_LEASE, _CAPACITY = Gate.LEASE, Gate.CAPACITY
 
 
 def released_leases(checks: Sequence[Check]) -> list[tuple[str, str]] | None:
@@ -214,7 +215,7 @@ def released_leases(checks: Sequence[Check]) -> list[tuple[str, str]] | None:
     algorithm's undo and read the server clock to run that one command."""
     found = []
     for check in checks:
-        if check.algorithm is not _LEASE or check.cost <= 0:
+        if (check.algorithm is not _LEASE and check.algorithm is not _CAPACITY) or check.cost <= 0:
             return None
         found.append(split(check.key))
     return found

@@ -21,6 +21,8 @@ __all__ = ["LimitRow", "PlanTiers", "RouteRow", "as_json", "plan_tiers", "route_
 # (endpoint, method) -> (why it is exempt, or None; its limits, in the order they are
 # checked). A class-based view's methods may differ (``views.resolve``).
 LimitsOf = Callable[[str, str], tuple[str | None, Sequence[LimitSpec]]]
+# (endpoint, method, its limits) -> its class with overload protection on.
+PriorityOf = Callable[[str, str, Sequence[LimitSpec]], str]
 
 
 class Rule(Protocol):
@@ -86,6 +88,7 @@ class RouteRow:
     endpoint: str
     exempt: str | None  # why no tier applies (then ``limits`` is empty)
     limits: tuple[LimitRow, ...]
+    priority: str | None = None  # its class with overload protection on (None: off)
 
 
 def plan_tiers(catalog: Mapping[str, Plan]) -> list[PlanTiers]:
@@ -107,24 +110,32 @@ def route_rows(
     limits_of: LimitsOf,
     catalog: Mapping[str, Plan],
     exempt_methods: Iterable[str] = ("OPTIONS",),
+    priority_of: PriorityOf | None = None,
 ) -> list[RouteRow]:
     """One row per URL rule, sorted by rule then endpoint; a rule whose methods differ
-    (a class-based view's methods with limits of their own) has one row per group of
-    methods with the same limits."""
+    (a class-based view's methods with limits or classes of their own) has one row per
+    group of methods alike. ``priority_of``: each route's class, with overload
+    protection on."""
     skipped = {"HEAD", *exempt_methods}
     rows = []
     for rule in rules:
-        groups: dict[int, tuple[list[str], str | None, Sequence[LimitSpec]]] = {}
+        groups: dict[tuple[int, str | None], tuple[list[str], str | None, Sequence[LimitSpec]]]
+        groups = {}
+        classes: dict[tuple[int, str | None], str | None] = {}
         for method in sorted(set(rule.methods or ()) - skipped) or ["-"]:
             exempt, specs = limits_of(rule.endpoint, method)
+            cls = None
+            if priority_of is not None and not exempt:
+                cls = priority_of(rule.endpoint, method, specs)
             # Methods share a row when their answer is the same object (a view's common
             # limits), so a class's methods without limits of their own are one row.
-            key = id(specs) if not exempt else hash(exempt)
+            key = (id(specs) if not exempt else hash(exempt), cls)
             groups.setdefault(key, ([], exempt, specs))[0].append(method)
-        for methods, exempt, specs in groups.values():
+            classes[key] = cls
+        for key, (methods, exempt, specs) in groups.items():
             limits = () if exempt else tuple(_limit(s, rule.endpoint, catalog) for s in specs)
             shown = tuple(m for m in methods if m != "-")
-            rows.append(RouteRow(rule.rule, shown, rule.endpoint, exempt, limits))
+            rows.append(RouteRow(rule.rule, shown, rule.endpoint, exempt, limits, classes[key]))
     return sorted(rows, key=lambda row: (row.rule, row.endpoint, row.methods))
 
 
@@ -146,6 +157,8 @@ def as_json(rows: Sequence[RouteRow], tiers: Sequence[PlanTiers]) -> dict[str, A
                 "methods": list(row.methods),
                 "endpoint": row.endpoint,
                 "exempt": row.exempt,
+                # With overload protection on: the route's class.
+                **({"priority": row.priority} if row.priority is not None else {}),
                 "limits": [
                     {
                         "resource": limit.resource,

@@ -24,7 +24,8 @@
 -- Every state stored as a string is read in one MGET before any tier is decided (the
 -- block gate's value too: only a caller who is blocked costs a PTTL). The sliding log
 -- (a list) and a lease (a sorted set, its key naming a member) read their own.
-local KNOWN = {tb = true, fw = true, swc = true, swl = true, cw = true, blk = true, ls = true}
+local KNOWN = {tb = true, fw = true, swc = true, swl = true, cw = true, blk = true, ls = true,
+  cap = true}
 
 -- A check's string, parsed: {code, shadow, limit, window, capacity, cost, interval,
 -- tau, full_ttl, full_px} (the last four a token bucket's: a bucket that was full
@@ -106,7 +107,8 @@ local function decide(KEYS, ARGV)
     elseif code == 'swc' then
       allowed, remaining, reset, retry, state, ttl = sliding_window_counter(raw, now, spec[3],
         spec[4], spec[5], spec[6])
-    elseif code == 'ls' then -- a lease: limit is its slots, window its lifetime
+    elseif code == 'ls' or code == 'cap' then -- a lease (the fleet's capacity is one):
+      -- limit is its slots, window its lifetime
       allowed, remaining, reset, retry, state = lease_gate(key, now, spec[3], spec[4], spec[6])
     elseif code == 'cw' then -- a calendar window: its window is its edges
       allowed, remaining, reset, retry, state, ttl = calendar_window(raw, now, spec[3], spec[4],

@@ -88,6 +88,7 @@ local refunds = {
   blk = function() return 0 end, -- a block gate charges nothing
   ls = release_lease, -- a lease undone with others (a denial in another slot); a release
   -- after the response alone is a plain ZREM (redis.py, released_leases)
+  cap = release_lease, -- the fleet's capacity: a lease too
 }
 
 local changed = 0
