@@ -35,6 +35,7 @@ from flask_quota.admin_api import (
     get_state,
     is_near,
     is_tag,
+    overload_status,
     peek,
     plan_of,
     seconds_until,
@@ -328,6 +329,7 @@ def overview(
             "tenants": [],
             "storage": reads.health(),
         }
+    overload = overload_panel(state, reads, minutes)
     recent = minutes[-5:]
     recent_requests: Counter[str] = Counter()
     for m in recent:
@@ -352,9 +354,26 @@ def overview(
         "top": top,
         "near_limit": near,
         "tenants": tenant_usage(minutes, tenant_of or {}),
+        "overload": overload,
         "storage": reads.health(),  # after the reads: one of them may have failed
         "sql": asdict(state.sql.health()),  # the snapshot's age, and whether it is stale
     }
+
+
+SHED_TIERS = ("shed (capacity)", "shed (queue)")  # how the usage counts sheds (edge.py)
+
+
+def overload_panel(
+    state: QuotaState, reads: Reads, minutes: list[MinuteUsage]
+) -> dict[str, Any] | None:
+    """Overload protection's panel: requests in flight by class, the capacity in force
+    and sheds per minute (the last full minute's); None when protection is off."""
+    status = reads.run(lambda: overload_status(state)) if state.shedder is not None else None
+    if status is None:
+        return None if state.shedder is None else {"unavailable": True}
+    totals = tier_totals(minutes[-2:-1]) if len(minutes) > 1 else {}
+    status["sheds_per_minute"] = sum(totals.get(t, {}).get("denied", 0) for t in SHED_TIERS)
+    return status
 
 
 def tenant_usage(minutes: list[MinuteUsage], tenant_of: dict[str, str]) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ them are laid out.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from flask import Flask
 
@@ -17,6 +18,7 @@ from .core.keys import KeyBuilder, Tag
 from .core.near import is_near
 from .core.plans import Plan
 from .core.policy import gate_check
+from .core.priority import Priority, class_limits
 from .core.tiers import Tier
 from .core.validators import DEFAULT_UNIT, tenant_name
 from .sql.admin import ClientInfo, PlanInfo, QuotaAdmin
@@ -82,6 +84,7 @@ __all__ = [
     "is_near",
     "is_tag",
     "list_blocks",
+    "overload_status",
     "parse_duration",
     "peek",
     "plan_of",
@@ -93,6 +96,45 @@ __all__ = [
     "unblock",
     "wall_clock_us",
 ]
+
+
+def overload_status(state: QuotaState) -> dict[str, Any] | None:
+    """What overload protection sees now, for the dashboard; None when it is off.
+
+    ``capacity`` (``QUOTA_CAPACITY``) and each class's ``lines``; ``in_flight`` by class,
+    the fleet's (read from its set of requests in flight, one storage read) with a
+    fleet capacity, else this worker's; ``adaptive``: this worker's adaptive limit.
+    Raises ``StorageError`` when the fleet's set cannot be read.
+    """
+    shedder = state.shedder
+    if shedder is None:
+        return None
+    settings = state.settings
+    lines = (
+        {cls.value: n for cls, n in class_limits(settings.capacity, settings.reserve).items()}
+        if settings.capacity is not None
+        else None
+    )
+    if settings.capacity is not None:
+        counts = dict.fromkeys((cls.value for cls in Priority), 0)
+        by_initial = {cls.value[0]: cls.value for cls in Priority}
+        for member in state.storage.holders(state.policy.keys.capacity_key()):
+            cls = by_initial.get(member[:1])
+            if cls is not None:
+                counts[cls] += 1
+        scope = "fleet"
+    else:
+        counts = {cls.value: n for cls, n in shedder.in_flight.items()}
+        scope = "worker"
+    gradient = shedder.gradient
+    return {
+        "capacity": settings.capacity,
+        "lines": lines,
+        "in_flight": counts,
+        "scope": scope,
+        "adaptive": gradient.limit if gradient is not None else None,
+        "max_queue_ms": settings.max_queue_ms,
+    }
 
 
 def bucket_units(app: Flask, plan: Plan, checks: Sequence[TierCheck]) -> list[str]:

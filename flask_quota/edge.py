@@ -27,11 +27,11 @@ from flask import Flask, Request, Response, current_app, g, has_request_context,
 from werkzeug.datastructures import Headers
 
 from .core.enforcer import Decided, Enforcer
-from .core.errors import InvalidApiKey, QuotaExceeded
+from .core.errors import InvalidApiKey, QuotaExceeded, RequestShed
 from .core.facts import facts_of
 from .core.headers import ENVIRON_KEY, OURS, HeaderMode, Renamer, apply_headers
 from .core.identity import Identity, plausible_api_key
-from .core.keys import remote_ip_tag
+from .core.keys import KeyBuilder, remote_ip_tag
 from .core.policy import Decision, LimitSpec
 from .core.priority import Priority
 from .core.status import caller_status
@@ -174,20 +174,25 @@ def before_hook(
         if "HTTP_X_FORWARDED_FOR" in environ and not state.proxy_warned:
             _warn_no_proxy_fix(state, req)
         shedder = state.shedder
-        if shedder is None:  # overload protection off (the usual case)
-            facts = facts_of(method, endpoint, remote_ip_tag(req.remote_addr), identity, specs)
-        else:
-            priority = shedder.classify(_route_priority(state, endpoint, method, specs))
-            # Shed here (503), or a ticket: its slot in the worker, handed back at the end.
-            current().ticket = shedder.admit(priority, environ.get("HTTP_X_REQUEST_START"))
-            ip_tag = remote_ip_tag(req.remote_addr)
-            facts = facts_of(method, endpoint, ip_tag, identity, specs, priority)
+        ip_tag = remote_ip_tag(req.remote_addr)
         try:
+            if shedder is None:  # overload protection off (the usual case)
+                facts = facts_of(method, endpoint, ip_tag, identity, specs)
+            else:
+                priority = shedder.classify(_route_priority(state, endpoint, method, specs))
+                # Shed here (503), or a ticket: its slot in the worker, given back at the end.
+                current().ticket = shedder.admit(priority, environ.get("HTTP_X_REQUEST_START"))
+                facts = facts_of(method, endpoint, ip_tag, identity, specs, priority)
             decided = state.enforcer.decide(facts, _keep)
         except QuotaExceeded as exc:
             # Noted so the after-request hook can give its Retry-After to a response
             # the app's own error handler made.
             current().denial = exc
+            raise
+        except RequestShed as shed:
+            if state.usage is not None:  # the dashboard's sheds per minute
+                tag = KeyBuilder.identity_tag(identity.id) if identity is not None else ip_tag
+                state.usage.record(tag, "-", [(f"shed ({shed.tier})", False)])
             raise
         if decided is not None:
             scope = g._get_current_object().__dict__

@@ -443,3 +443,29 @@ def test_g_still_holds_one_attribute_with_protection_on(app: Flask) -> None:
 
     client.get("/work").close()
     assert seen == [["_flask_quota"]]
+
+
+def test_the_dashboard_shows_in_flight_by_class_the_capacity_and_sheds(app: Flask) -> None:
+    """The overview's panel: the fleet's requests in flight by class (read from its set),
+    the capacity in force and each class's line, and the last minute's sheds."""
+    app.secret_key = "test"
+    app.config.update(QUOTA_DASHBOARD_URL="/quota", QUOTA_DASHBOARD_AUTH=lambda: "ops")
+    _, client = overload_app(app, QUOTA_CAPACITY=10)
+    held = [hold(client, "critical"), hold(client, "default"), hold(client, "default")]
+    api = client.get("/quota/api/overview").get_json()["overload"]
+    assert api["capacity"] == 10 and api["scope"] == "fleet"
+    assert api["in_flight"] == {"critical": 1, "default": 2, "sheddable": 0}
+    assert api["lines"] == {"critical": 10, "default": 8, "sheddable": 7}
+    page = client.get("/quota/").get_data(as_text=True)
+    assert 'id="overload-panel"' in page and "10 (fleet)" in page
+    for response in held:
+        response.close()
+    assert client.get("/quota/api/overview").get_json()["overload"]["in_flight"] == {
+        "critical": 0, "default": 0, "sheddable": 0,
+    }  # fmt: skip
+    off = Flask(__name__)
+    off.secret_key = "test"
+    off.config.update(QUOTA_DASHBOARD_URL="/quota", QUOTA_DASHBOARD_AUTH=lambda: "ops")
+    _, plain = overload_app(off)
+    assert plain.get("/quota/api/overview").get_json()["overload"] is None
+    assert 'id="overload-panel"' not in plain.get("/quota/").get_data(as_text=True)

@@ -113,6 +113,24 @@
 
   var busy = false;  // never stack polls behind a slow server
 
+  function renderOverload(o) {  // requests in flight by class, the capacity, sheds
+    var body = document.getElementById("in-flight");
+    if (!body || !o || o.unavailable) { return; }
+    var capacity = [];
+    if (o.capacity !== null) { capacity.push(o.capacity + " (fleet)"); }
+    if (o.adaptive !== null) { capacity.push(o.adaptive + " (this worker, adaptive)"); }
+    setText("capacity", capacity.length ? capacity.join(" · ") : "–");
+    setText("sheds", o.sheds_per_minute);
+    while (body.firstChild) { body.removeChild(body.firstChild); }
+    ["critical", "default", "sheddable"].forEach(function (cls) {
+      var tr = document.createElement("tr");
+      cell(tr, cls);
+      cell(tr, o.in_flight[cls]);
+      cell(tr, o.lines ? o.lines[cls] : "–");
+      body.appendChild(tr);
+    });
+  }
+
   function refresh() {
     if (busy) { return; }
     busy = true;
@@ -131,6 +149,7 @@
         renderTiers(data.tiers);
         renderTop(data.top, data.usage);
         renderNear(data.near_limit, data.usage);
+        renderOverload(data.overload);
         document.getElementById("chart").src = chartUrl + "?t=" + Date.now();
         setText("updated", "Last update " + new Date().toLocaleTimeString() + ".");
       })

@@ -236,6 +236,8 @@ class Enforcer:
             keys = route.keys(facts.ip_tag, tag, owner, tenant or "")
         if route.held:  # this request's own member in its lease sets (core/leases.py)
             member = leases.new_member()
+            if facts.priority is not None:  # its class first: the dashboard counts them
+                member = facts.priority.value[0] + member
             for i in route.held:
                 keys[i] += member
         observer = self.observer  # ``watching()``, inlined: the request path's one ask

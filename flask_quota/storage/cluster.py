@@ -53,6 +53,7 @@ from .redis import (
     function_missing,
     functions_refused,
     read_blocks,
+    read_holders,
     refund_args,
     released_leases,
 )
@@ -225,6 +226,15 @@ class ClusterStorage:
         if isinstance(info, bytes):
             return info.decode("utf-8", "replace")
         return info  # None, or a str from a client made with decode_responses
+
+    def holders(self, key: str) -> list[str]:
+        client = self._connected()[0]
+        now = self._clock() if self._clock is not None else None
+        if now is None:
+            cluster: Any = client  # the per-node calls are untyped in redis-py
+            seconds, micros = cluster.get_redis_connection(cluster.get_node_from_key(key)).time()
+            now = seconds * 1_000_000 + micros
+        return read_holders(client, key, now)
 
     def ping(self) -> float:
         """Round-trip latency in seconds; raises ``StorageError`` when down."""

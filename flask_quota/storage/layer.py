@@ -44,6 +44,9 @@ class Layer:
     def block_info(self, key: str) -> str | None:
         return self.storage.block_info(key)
 
+    def holders(self, key: str) -> list[str]:
+        return self.storage.holders(key)
+
     def ping(self) -> float:
         """The storage's round-trip latency in seconds."""
         return self.storage.ping()

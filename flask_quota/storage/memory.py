@@ -145,6 +145,12 @@ class MemoryStorage:
             info: str = found[0][1]
             return info
 
+    def holders(self, key: str) -> list[str]:
+        with self._lock:
+            now = self._clock()
+            live = self._live(key, now) or ()
+            return [member for expires, member in live if expires > now]
+
     def ping(self) -> float:
         """Always 0: there is no round trip."""
         return 0.0

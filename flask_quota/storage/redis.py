@@ -353,6 +353,10 @@ class RedisStorage:
             return info.decode("utf-8", "replace")
         return info  # None, or a str from a client made with decode_responses
 
+    def holders(self, key: str) -> list[str]:
+        now = self._clock() if self._clock is not None else None
+        return read_holders(self.client, key, now)
+
     def ping(self) -> float:
         """Round-trip latency in seconds; raises ``StorageError`` when down."""
         start = time.perf_counter()
@@ -638,6 +642,16 @@ def functions_refused(error: redis.ResponseError) -> bool:
 
 def _name(key: bytes | str) -> str:
     return key.decode() if isinstance(key, bytes) else key
+
+
+def read_holders(client: Any, key: str, now_us: int | None) -> list[str]:
+    """The live members of a lease set: those whose expiry is past the server's ``TIME``
+    (or ``now_us``, a test clock)."""
+    if now_us is None:
+        seconds, micros = client.time()
+        now_us = seconds * 1_000_000 + micros
+    found = client.zrangebyscore(key, f"({now_us}", "+inf")
+    return [_name(member) for member in found]
 
 
 def read_blocks(client: Any, keys: list[Any]) -> list[BlockEntry]:
