@@ -4,7 +4,6 @@ caller", durations as durations, and a favicon of its own."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from flask import Flask
@@ -12,12 +11,7 @@ from flask.testing import FlaskClient
 
 from dashboard.data import duration_text
 from flask_quota.sql.admin import QuotaAdmin
-from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app, flush
-
-
-@pytest.fixture
-def ops_app(tmp_path: Path) -> Flask:
-    return dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
+from tests.dashboards import OPS, csrf_from, flush
 
 
 def new_client(app: Flask, name: str) -> tuple[str, str]:

@@ -19,15 +19,9 @@ from flask_quota import Quota
 from flask_quota.dashboard import admin_views
 from flask_quota.sql.admin import ChangeConflict, QuotaAdmin, StaleEdit
 from flask_quota.testing import MemoryStorage
-from tests.sqldb import DATABASES, database, sql_store
+from tests.sqldb import sql_store
 
 PLANS = {"free": {"user": "5/hour"}, "pro": {"user": "50/hour"}}
-
-
-@pytest.fixture(params=DATABASES)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The same test on a SQLite file, PostgreSQL and MariaDB."""
-    yield from database(request.param, tmp_path)
 
 
 @pytest.fixture

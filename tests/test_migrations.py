@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +22,6 @@ from flask_quota import Quota
 from flask_quota.sql.models import SCHEMA_REVISION, metadata
 from flask_quota.sql.schema import VERSION_TABLE
 from tests.servers import ROOT
-from tests.sqldb import DATABASES, database
-
-
-@pytest.fixture(params=DATABASES)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The same test on a SQLite file and on fresh PostgreSQL and MariaDB databases."""
-    yield from database(request.param, tmp_path)
-
 
 MIGRATIONS = ROOT / "migrations"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,14 +28,7 @@ from flask_quota.sql.snapshot import OverrideRule, SqlCatalog
 from flask_quota.sql.store import DEFAULT_DATABASE_FILE
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock
-from tests.sqldb import DATABASES, database, sql_store
-
-
-@pytest.fixture(params=DATABASES)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The same test on a SQLite file and on a fresh PostgreSQL database."""
-    yield from database(request.param, tmp_path)
-
+from tests.sqldb import sql_store
 
 PLANS = {
     "free": {"global": "1000/second", "user": "5/hour", "resources": {"search": "3/hour"}},

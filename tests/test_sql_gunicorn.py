@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,18 +18,11 @@ from sqlalchemy import create_engine, select
 
 from flask_quota.sql.models import AuditEntry
 from tests.servers import ROOT, Gunicorn, RedisServer
-from tests.sqldb import DATABASES, database
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 WORKERS = 4
 OLD, NEW = 100_000, 77_777  # user-tier rates per minute: high enough never to deny
-
-
-@pytest.fixture(params=DATABASES)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The same test on a SQLite file and on a fresh PostgreSQL database."""
-    yield from database(request.param, tmp_path)
 
 
 def flask_quota(env: dict[str, str], *args: str) -> str:
