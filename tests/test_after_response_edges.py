@@ -9,7 +9,7 @@ from flask import Flask, Response, request, stream_with_context
 from flask_quota import Quota, QuotaExceeded
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock, assert_limited
-from tests.test_settle import left
+from tests.helpers import left
 
 
 def test_a_hook_failing_after_ours_still_frees_a_streams_lease(

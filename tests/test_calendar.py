@@ -35,7 +35,7 @@ from flask_quota.storage.cluster import ClusterStorage
 from flask_quota.storage.failover import GuardedStorage
 from flask_quota.storage.redis import SCRIPT, RedisStorage, check_args
 from flask_quota.testing import FrozenClock, test_storage
-from tests.test_redis import CountingConnection, counting_client
+from tests.redis_probes import CountingConnection, counting_client
 
 US = 1_000_000
 

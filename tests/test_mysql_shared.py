@@ -20,8 +20,8 @@ from sqlalchemy import create_engine, func, select, text
 
 from flask_quota.sql.models import SCHEMA_REVISION, PlanRecord, QuotaMeta
 from flask_quota.sql.schema import VERSION_TABLE
+from tests.demo import flask_quota, probe
 from tests.servers import ROOT, Gunicorn
-from tests.test_sql_gunicorn import flask_quota, probe
 
 OLD, NEW = 100_000, 66_666  # user-tier rates per minute: high enough never to deny
 PLANS = {"free": {"user": "5/hour"}, "pro": {"user": "50/hour"}, "team": {"user": "500/hour"}}

@@ -22,6 +22,8 @@ from flask_quota.storage.breaker import CircuitBreaker
 from flask_quota.storage.failover import GuardedStorage
 from flask_quota.storage.memory import MemoryStorage
 from flask_quota.storage.prefetch import Prefetch
+from tests.cluster import master_calls
+from tests.redis_probes import decide_calls
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -39,19 +41,6 @@ PLANS = {
         "resources": {"small": "80/minute", "log": LOG},
     },
 }
-
-
-def decide_calls(client: redis.Redis) -> int:
-    """The decide calls the server answered (a function or a script), less the failed
-    ones: a server that has not loaded our library yet refuses the first FCALL, which
-    the client then makes again, and whether the shared server had loaded it depends on
-    the tests that ran before on the same pytest-xdist worker."""
-    stats: dict[str, Any] = client.info("commandstats")
-    return sum(
-        int(stats.get(f"cmdstat_{c}", {}).get("calls", 0))
-        - int(stats.get(f"cmdstat_{c}", {}).get("failed_calls", 0))
-        for c in ("fcall", "evalsha")
-    )
 
 
 def make_app(url: str, **config: Any) -> tuple[Flask, Quota]:
@@ -246,7 +235,6 @@ def test_on_a_cluster_shares_span_slots_and_the_limit_holds(cluster: Any) -> Non
     """The caller's tiers sit in two slots (its address's and its identity's): a share
     taken in one call that one slot refuses is refunded in the other (all-or-nothing),
     and the limit holds as on one node."""
-    from tests.test_cluster import master_calls
 
     def calls(client: Any) -> int:
         """The decide calls of 200 quick requests, as the cluster's masters count them."""

@@ -15,8 +15,8 @@ from flask_quota.core.keys import KeyBuilder, remote_ip_tag
 from flask_quota.storage import MemoryStorage
 from flask_quota.storage.redis import RedisStorage
 from flask_quota.testing import FrozenClock, assert_limited
+from tests.redis_probes import CountingConnection, counting_client
 from tests.servers import RedisServer
-from tests.test_redis import CountingConnection, counting_client
 
 USER = {"free": {"user": "1000/minute"}}  # the user tier stays out of the way
 

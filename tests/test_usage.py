@@ -36,8 +36,8 @@ from flask_quota.storage.usage import (
     UsageSink,
 )
 from flask_quota.testing import FrozenClock
+from tests.redis_probes import CountingConnection, counting_client
 from tests.servers import RedisServer
-from tests.test_redis import CountingConnection, counting_client
 
 
 @pytest.fixture(params=["memory", "redis"])
