@@ -155,6 +155,7 @@ def test_every_page_names_a_favicon_that_is_served(ops_app: Flask) -> None:
         page = http.get(url, headers=OPS).get_data(as_text=True)
         link = re.search(r'<link rel="icon" type="image/svg\+xml" href="([^"]+)">', page)
         assert link is not None, url
+    assert link is not None  # the last page's, as asserted in the loop (mypy needs it here)
     icon = http.get(link.group(1), headers=OPS)
     assert icon.status_code == 200 and icon.content_type.startswith("image/svg+xml")
     assert icon.data.startswith(b"<svg") and len(icon.data) < 2000

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,7 @@ def test_an_edit_based_on_a_stale_page_is_refused_and_saves_nothing(app: Flask) 
     seen = {plan.name: plan.token for plan in kim.plans()}
     lee.set_plan_limit("free", "user", "7/hour")
     audited = len(kim.audit_log())
+    change: Callable[[], object]
     for change in (
         lambda: kim.set_plan_limit("free", "user", "9/hour", based_on=seen["free"]),
         lambda: kim.delete_plan_limit("free", "user", based_on=seen["free"]),

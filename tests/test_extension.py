@@ -312,7 +312,7 @@ def test_errorhandler_can_replace_the_429(app: Flask, clock: FrozenClock) -> Non
 
     @app.errorhandler(QuotaExceeded)
     def custom(error: QuotaExceeded) -> tuple[dict[str, Any], int]:
-        return {"slow down": error.retry_after, "tier": error.tier.value}, 429
+        return {"slow down": error.retry_after, "tier": str(error.tier)}, 429
 
     http.get("/items")
     response = http.get("/items")

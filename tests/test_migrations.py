@@ -15,7 +15,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from flask import Flask
-from flask_migrate import Migrate, upgrade
+from flask_migrate import Migrate, upgrade  # type: ignore[import-untyped]
 from sqlalchemy import create_engine, inspect, text
 
 from flask_quota import Quota

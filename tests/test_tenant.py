@@ -198,11 +198,12 @@ def test_the_enforcer_keeps_tenant_and_tenantless_routes_apart(clock: FrozenCloc
     from flask_quota.core.facts import Facts
     from flask_quota.core.keys import remote_ip_tag
     from flask_quota.core.policy import Policy
+    from flask_quota.core.rates import parse_rates
     from flask_quota.settings import FailMode
     from flask_quota.storage.breaker import CircuitBreaker
     from flask_quota.storage.failover import GuardedStorage
 
-    plan = Plan("free", user_rate="10/minute", tenant_rate="2/minute")
+    plan = Plan("free", user_rate=parse_rates("10/minute"), tenant_rate=parse_rates("2/minute"))
     enforcer = Enforcer(
         guard=GuardedStorage(MemoryStorage(clock), FailMode.OPEN, CircuitBreaker("memory")),
         policy=Policy(KeyBuilder("quota"), Algorithm.TOKEN_BUCKET),

@@ -97,7 +97,8 @@ def test_copies_in_a_host_metadata_keep_names_and_use_plain_types() -> None:
 
     def names(meta: MetaData) -> dict[str, set[str]]:
         return {
-            table.name: {str(c.name) for c in (*table.constraints, *table.indexes)}
+            table.name: {str(c.name) for c in table.constraints}
+            | {str(i.name) for i in table.indexes}
             for table in meta.sorted_tables
         }
 
