@@ -15,7 +15,7 @@ from redis.crc import key_slot
 
 from tests.servers import RedisServer
 
-__all__ = ["Cluster", "cluster_port", "command"]
+__all__ = ["Cluster", "cluster_port", "command", "master_calls"]
 
 REDIS_CLI = shutil.which("redis-cli")
 NODE_TIMEOUT_MS = 1000  # how long a silent master stays trusted before its replica takes over
@@ -157,3 +157,14 @@ class Cluster:
         finally:
             client.close()
         return frozenset((int(r[0]), int(r[1]), int(r[2][1])) for r in ranges)
+
+
+def master_calls(cluster: Cluster, command: str = "fcall") -> int:
+    """How often every live master has run ``command`` so far."""
+    total = 0
+    for node in cluster.nodes:
+        if node.proc is None or cluster.info(node, "replication")["role"] != "master":
+            continue
+        stats = cluster.info(node, "commandstats").get(f"cmdstat_{command}", {})
+        total += int(stats.get("calls", 0))
+    return total

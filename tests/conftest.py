@@ -14,6 +14,10 @@ SQL servers: a test run on PostgreSQL or MariaDB (a parameter naming ``postgresq
 ``postgresql`` or ``mysql``, so a nox session can leave the database's own behaviour to
 the main run (noxfile.py).
 
+Shared by several modules: ``database_url`` (a test once per database of
+tests/sqldb.py), ``ops_app`` (the dashboard test app of tests/dashboards.py) and ``dists``
+(the built sdist and wheel, tests/builds.py).
+
 ``quiet``: a test that asserts wall-clock latencies (a request under a hung server
 takes at most so long). scripts/test.sh runs those alone, after everything else ran in
 parallel, so other tests' load does not fail them.
@@ -25,6 +29,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -32,9 +37,19 @@ from flask import Flask
 from sqlalchemy.engine import make_url
 
 from flask_quota.testing import FrozenClock
+from tests.builds import Dists, ok, run, source_copy
 from tests.cluster import REDIS_CLI, Cluster
+from tests.dashboards import HASH, dashboard_app
 from tests.servers import KINDS, REDIS_SERVER, VALKEY_SERVER, RedisServer
-from tests.sqldb import MYSQL_REQUIRED, MYSQL_URL, POSTGRES_REQUIRED, POSTGRES_URL, sql_store
+from tests.sqldb import (
+    DATABASES,
+    MYSQL_REQUIRED,
+    MYSQL_URL,
+    POSTGRES_REQUIRED,
+    POSTGRES_URL,
+    database,
+    sql_store,
+)
 
 # CI sets CI=true: there a missing redis-server is a failure, not a skip.
 CI = os.environ.get("CI", "").lower() in ("1", "true")
@@ -267,3 +282,36 @@ def app(tmp_path: Path) -> Flask:
     app = Flask(__name__, instance_path=str(tmp_path / "instance"))
     app.config["TESTING"] = True
     return app
+
+
+@pytest.fixture(params=DATABASES)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The same test on a SQLite file and on fresh PostgreSQL and MariaDB databases
+    (tests/sqldb.py; the parameter ids are the databases' names)."""
+    yield from database(request.param, tmp_path)
+
+
+@pytest.fixture
+def ops_app_config() -> dict[str, Any]:
+    """Config that ``ops_app`` adds to its own: empty here; a module overrides this fixture
+    to give its ``ops_app`` other plans, say, or a cheaper password hash."""
+    return {}
+
+
+@pytest.fixture
+def ops_app(tmp_path: Path, ops_app_config: dict[str, Any]) -> Flask:
+    """The dashboard test app (tests/dashboards.py) with one operator, ``ops``, whom the
+    headers ``OPS`` log in; plus ``ops_app_config``."""
+    return dashboard_app(tmp_path, **{"QUOTA_DASHBOARD_USERS": {"ops": HASH}, **ops_app_config})
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
+    """The sdist and the wheel, built from this checkout as a release would be (once per
+    module that asks)."""
+    out = tmp_path_factory.mktemp("dist")
+    source = source_copy(tmp_path_factory.mktemp("source"))
+    ok(run(sys.executable, "-m", "build", "--outdir", out, source))
+    [sdist] = out.glob("*.tar.gz")
+    [wheel] = out.glob("*.whl")
+    return Dists(sdist, wheel)

@@ -107,11 +107,8 @@ def mysql_database() -> Iterator[str]:
 
 
 def database(kind: str, tmp_path: Path) -> Iterator[str]:
-    """The URL of a fresh database of ``kind`` (one of ``DATABASES``), for a fixture:
-
-    @pytest.fixture(params=DATABASES)
-    def database_url(request, tmp_path): yield from database(request.param, tmp_path)
-    """
+    """The URL of a fresh database of ``kind`` (one of ``DATABASES``), for a fixture such
+    as conftest's ``database_url``, which runs a test once per database."""
     if kind == "sqlite":
         yield f"sqlite:///{tmp_path / 'quota.sqlite3'}"
     elif kind == "mysql":

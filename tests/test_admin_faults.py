@@ -21,17 +21,11 @@ from flask_quota.sql.admin import AdminError, QuotaAdmin
 from flask_quota.sql.models import Client, PlanLimit, PlanRecord
 from flask_quota.sql.store import DEFAULT_DATABASE_FILE, SqlStore
 from flask_quota.storage import MemoryStorage, StorageError
+from tests.dashboards import OPS, csrf_from
 from tests.servers import RedisServer
-from tests.sqldb import DATABASES, database, sql_store
-from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app
+from tests.sqldb import sql_store
 
 PLANS = {"free": {"user": "5/hour"}, "pro": {"user": "50/hour"}}
-
-
-@pytest.fixture(params=DATABASES)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The same test on a SQLite file and on a fresh PostgreSQL database."""
-    yield from database(request.param, tmp_path)
 
 
 @pytest.fixture
@@ -119,10 +113,10 @@ def test_audited_records_the_change_before_it_and_a_failure_after_it(app: Flask)
 
 
 @pytest.fixture
-def ops_app(tmp_path: Path) -> Iterator[Flask]:
-    app = dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
-    yield app
-    sql_store(app).close()
+def ops_app(ops_app: Flask, close_sql: Callable[[Flask], Flask]) -> Flask:
+    """conftest's ``ops_app``, its SQL store closed when the test ends, as this module's
+    ``app`` closes its own (conftest's leaves that to the garbage collector)."""
+    return close_sql(ops_app)
 
 
 def default_url(tmp_path: Path) -> str:

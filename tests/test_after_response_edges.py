@@ -3,13 +3,16 @@ inner limits: each case was a defect found by review of the merged features."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from flask import Flask, Response, request, stream_with_context
+from werkzeug.wrappers import Response as WerkzeugResponse
 
 from flask_quota import Quota, QuotaExceeded
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock, assert_limited
-from tests.test_settle import left
+from tests.helpers import left
 
 
 def test_a_hook_failing_after_ours_still_frees_a_streams_lease(
@@ -48,7 +51,7 @@ def test_settle_inside_a_stream_settles_when_it_ends(app: Flask, clock: FrozenCl
     @app.post("/chat")
     @quota.limit("1000/hour", resource="tokens", cost=100)
     def chat() -> Response:
-        def tokens():  # type: ignore[no-untyped-def]
+        def tokens() -> Iterator[str]:
             yield "x"
             quota.settle(10)
             yield "y"
@@ -91,7 +94,7 @@ def test_an_errorhandler_returning_our_response_gets_the_new_names(
     quota = Quota(app, storage=MemoryStorage(clock))
 
     @app.errorhandler(QuotaExceeded)
-    def mine(error: QuotaExceeded) -> Response:
+    def mine(error: QuotaExceeded) -> WerkzeugResponse:
         return error.get_response()
 
     @app.get("/r")

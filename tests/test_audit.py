@@ -4,7 +4,7 @@ as ``.failed``, and the CLI refuses changes that cannot reach the server."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,7 @@ def test_a_failed_reset_block_or_unblock_is_audited_as_failed(
     entry followed by `<action>.failed` with the error: never recorded as done."""
     quota = redis_app.config["TEST_QUOTA"]
     own_redis.stop()
+    call: Callable[[], object]
     with redis_app.app_context():
         for call in (
             lambda: quota.reset("amy"),

@@ -14,8 +14,8 @@ from flask_quota.state import get_state
 from flask_quota.storage import storage_from_url
 from flask_quota.tools.blocks import block, list_blocks
 from flask_quota.tools.inspection import Caller
+from tests.dashboards import HASH, OPS, csrf_from, dashboard_app
 from tests.servers import RedisServer
-from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app
 
 
 def audit(app: Flask) -> list[tuple[str, str, str]]:

@@ -35,7 +35,7 @@ from flask_quota.storage.cluster import ClusterStorage
 from flask_quota.storage.failover import GuardedStorage
 from flask_quota.storage.redis import SCRIPT, RedisStorage, check_args
 from flask_quota.testing import FrozenClock, test_storage
-from tests.test_redis import CountingConnection, counting_client
+from tests.redis_probes import CountingConnection, counting_client
 
 US = 1_000_000
 
@@ -153,7 +153,8 @@ def test_calendar_rates_parse_and_print() -> None:
         parse_rate("3/month; burst=5")
     with pytest.raises(ValueError, match="one month, not several"):
         parse_rate("3/2 months")
-    plan = Plan("p", user_rate="2000000/month")
+    # Plan parses a rate given as text (its __post_init__); its fields are typed as Rates.
+    plan = Plan("p", user_rate="2000000/month")  # type: ignore[arg-type]
     assert str(plan.user_rate) == "2000000/month"
     assert rate_text("3 per month") == "3/month"  # what the CLI and the dashboard store
 
@@ -304,7 +305,7 @@ def test_redis_script_agrees_with_memory(
     redis_client.delete("cal")
     for _ in range(3):
         expected = list(memory.decide_flat((check,), ["cal"]))
-        args = [*check_args(check, now + skew), "decide", now]
+        args: list[str | int] = [*check_args(check, now + skew), "decide", now]
         got = list(Reply.read([int(v) for v in script(keys=["cal"], args=args)], 1))
         assert got == expected
 
@@ -361,7 +362,7 @@ def _fields(check: Check) -> dict[str, Any]:
 
 
 def _enforcer(clock: FrozenClock) -> Enforcer:
-    plan = Plan("free", user_rate="1/month")
+    plan = Plan("free", user_rate=parse_rates("1/month"))
     return Enforcer(
         guard=GuardedStorage(MemoryStorage(clock), FailMode.OPEN, CircuitBreaker("memory")),
         policy=Policy(KeyBuilder("quota"), Algorithm.TOKEN_BUCKET, calendar=Calendar("UTC", 1)),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from flask import Flask, request
 
@@ -89,7 +91,7 @@ def test_each_distinct_answer_is_parsed_once(
     ("answer", "error"), [("lots/minute", ValueError), (None, TypeError), (5, TypeError)]
 )
 def test_a_bad_answer_names_the_view(
-    app: Flask, clock: FrozenClock, answer: object, error: type[Exception]
+    app: Flask, clock: FrozenClock, answer: Any, error: type[Exception]
 ) -> None:
     quota = Quota(app, storage=MemoryStorage(clock))
 

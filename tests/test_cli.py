@@ -18,14 +18,7 @@ from flask.testing import FlaskCliRunner
 from flask_quota import Quota
 from flask_quota.sql.admin import QuotaAdmin
 from tests.servers import ROOT, RedisServer
-from tests.sqldb import DATABASES, database, sql_store
-
-
-@pytest.fixture(params=DATABASES)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The same test on a SQLite file and on a fresh PostgreSQL database."""
-    yield from database(request.param, tmp_path)
-
+from tests.sqldb import sql_store
 
 PLANS = {
     "free": {"user": "5/hour", "resources": {"search": "3/hour"}},

@@ -27,7 +27,7 @@ from flask_quota.storage import Check
 from flask_quota.storage.cluster import ClusterStorage, slot_groups
 from flask_quota.testing import FrozenClock
 from tests.apps.many import header_quota
-from tests.cluster import Cluster, command
+from tests.cluster import Cluster, command, master_calls
 from tests.load import hammer, serve_many
 from tests.servers import RedisServer
 
@@ -45,17 +45,6 @@ def flushed(cluster: Cluster) -> Cluster:
     finally:
         client.close()
     return cluster
-
-
-def master_calls(cluster: Cluster, command: str = "fcall") -> int:
-    """How often every live master has run ``command`` so far."""
-    total = 0
-    for node in cluster.nodes:
-        if node.proc is None or cluster.info(node, "replication")["role"] != "master":
-            continue
-        stats = cluster.info(node, "commandstats").get(f"cmdstat_{command}", {})
-        total += int(stats.get("calls", 0))
-    return total
 
 
 def server_slot(cluster: Cluster, key: str) -> int:

@@ -2,78 +2,22 @@
 
 from __future__ import annotations
 
-import base64
 import itertools
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 from flask import Flask, request
-from flask.testing import FlaskClient
-from werkzeug.security import generate_password_hash
 
-from flask_quota import Identity, Quota
-from flask_quota.storage import MemoryStorage, Storage
+from flask_quota import Quota
+from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock
+from tests.dashboards import HASH, OPS, basic, csrf_from, dashboard_app, flush
 
-PASSWORD = "correct horse battery staple"
-HASH = generate_password_hash(PASSWORD)
 XSS = "<script>alert(1)</script>"
 
 URLS = ["/quota/", "/quota/api/overview", "/quota/chart.svg", "/quota/identity/ip=127.0.0.1",
         "/quota/api/identity/ip=127.0.0.1", "/quota/identity?q=1.2.3.4"]  # fmt: skip
-
-
-def basic(user: str, password: str) -> dict[str, str]:
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return {"Authorization": f"Basic {token}"}
-
-
-OPS = basic("ops", PASSWORD)
-
-
-def x_user_routes(app: Flask, quota: Quota) -> None:
-    """Callers name themselves in ``X-User``; ``POST /infer`` is limited by resource "ai"."""
-
-    @quota.identity_loader
-    def load() -> Identity | None:
-        user = request.headers.get("X-User")
-        return Identity(user) if user else None
-
-    @app.post("/infer")
-    @quota.limit(resource="ai")
-    def infer() -> str:
-        return "ok"
-
-
-def dashboard_app(tmp_path: Path, storage: Storage | None = None, **config: Any) -> Flask:
-    app = Flask(__name__, instance_path=str(tmp_path / "instance"))
-    app.secret_key = "test-secret"
-    app.config.update(
-        {
-            "QUOTA_DASHBOARD_URL": "/quota",
-            "QUOTA_PLANS": {"free": {"user": "3/minute", "resources": {"ai": "2/minute"}}},
-            **config,
-        }
-    )
-    quota = Quota(app, storage=storage if storage is not None else MemoryStorage())
-    x_user_routes(app, quota)
-
-    @app.get("/items")
-    def items() -> str:
-        return "items"
-
-    return app
-
-
-def flush(app: Flask) -> None:
-    app.extensions["quota"].usage.flush()
-
-
-@pytest.fixture
-def ops_app(tmp_path: Path) -> Flask:
-    return dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
 
 
 @pytest.fixture
@@ -86,13 +30,6 @@ def frozen_ops_app(tmp_path: Path, clock: FrozenClock) -> Flask:
     """``ops_app`` on a clock that moves only when told: what a test reads back "for
     this minute" (usage, the chart, a bucket's refill) cannot change under it."""
     return dashboard_app(tmp_path, MemoryStorage(clock), QUOTA_DASHBOARD_USERS={"ops": HASH})
-
-
-def csrf_from(http: FlaskClient, url: str) -> str:
-    page = http.get(url, headers=OPS).get_data(as_text=True)
-    match = re.search(r'name="csrf_token" value="([^"]+)"', page)
-    assert match, "the page carries a CSRF token"
-    return match.group(1)
 
 
 def test_closed_without_configuration(tmp_path: Path) -> None:

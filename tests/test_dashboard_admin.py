@@ -11,29 +11,7 @@ from flask.testing import FlaskClient
 
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock
-from tests.test_dashboard import OPS, csrf_from, dashboard_app
-
-
-@pytest.fixture
-def ops_app(tmp_path: Path) -> Flask:
-    from tests.test_dashboard import HASH
-
-    return dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
-
-
-def post(http: FlaskClient, url: str, page: str, **form: str) -> tuple[int, str]:
-    form["csrf_token"] = csrf_from(http, page)
-    response = http.post(url, headers=OPS, data=form, follow_redirects=True)
-    return response.status_code, response.get_data(as_text=True)
-
-
-def cell(http: FlaskClient, plan: str, row: str) -> str | None:
-    """The rate shown in the plans matrix for ``plan`` and ``row`` (None: no rate)."""
-    page = http.get("/quota/plans", headers=OPS).get_data(as_text=True)
-    found = re.search(rf'<td data-plan="{plan}" data-row="{row}"[^>]*>(.*?)</td>', page, re.S)
-    assert found is not None, f"no cell {plan} {row}"
-    rate = re.search(r'<span class="rate">(.*?)</span>', found.group(1))
-    return rate.group(1) if rate else None
+from tests.dashboards import HASH, OPS, cell, dashboard_app, post
 
 
 def free_user_rate(http: FlaskClient) -> str | None:
@@ -56,8 +34,6 @@ def test_plan_edit_is_saved_audited_and_enforced(ops_app: Flask) -> None:
 
 def test_plan_form_accepts_several_rates(tmp_path: Path) -> None:
     """The plan form takes comma-separated rates; the canonical text is shown and enforced."""
-    from tests.test_dashboard import HASH
-
     # A frozen clock: on the wall clock 2/second gives a token back every 0.5 s.
     storage = MemoryStorage(FrozenClock())
     http = dashboard_app(tmp_path, storage, QUOTA_DASHBOARD_USERS={"ops": HASH}).test_client()

@@ -16,8 +16,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from flask_quota.sql.admin import QuotaAdmin
+from tests.outage import OPS, redis_app, traffic_then_login
 from tests.servers import RedisServer
-from tests.test_dashboard_outage import OPS, redis_app, traffic_then_login
 
 
 def entries(app: Flask, action: str) -> list[str]:

@@ -4,19 +4,13 @@ validated (bad input changes nothing), audited under the operator, enforced at o
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
 from flask_quota.sql.admin import QuotaAdmin
-from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app
-
-
-@pytest.fixture
-def ops_app(tmp_path: Path) -> Flask:
-    return dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
+from tests.dashboards import OPS, csrf_from
 
 
 def audit(app: Flask) -> list[tuple[str, str, str]]:

@@ -5,18 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from flask import Flask, session
 from flask.testing import FlaskClient
 from werkzeug.http import parse_set_header
 
 from dashboard.session import COOKIE
-from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app
-
-
-@pytest.fixture
-def ops_app(tmp_path: Path) -> Flask:
-    return dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
+from tests.dashboards import HASH, OPS, csrf_from, dashboard_app
 
 
 def set_cookies(response: object) -> dict[str, str]:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flask import Flask
@@ -20,8 +21,8 @@ from werkzeug.security import generate_password_hash
 
 from flask_quota.dashboard.auth import DEVICE_COOKIE, Authenticator
 from flask_quota.storage.redis import RedisStorage
+from tests.dashboards import HASH, OPS, PASSWORD, basic, dashboard_app
 from tests.servers import RedisServer
-from tests.test_dashboard import HASH, OPS, PASSWORD, basic, dashboard_app
 
 NAT = {"REMOTE_ADDR": "198.51.100.7"}  # the operator and the guesser share this address
 # A cheap hash keeps these tests quick; the timing test uses Werkzeug's default (HASH).
@@ -67,8 +68,9 @@ def storage_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
 
 
 @pytest.fixture
-def ops_app(tmp_path: Path) -> Flask:
-    return dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": FAST})
+def ops_app_config() -> dict[str, Any]:
+    """Here ``ops_app``'s operator logs in against the cheap ``FAST`` hash."""
+    return {"QUOTA_DASHBOARD_USERS": {"ops": FAST}}
 
 
 def make_app(tmp_path: Path, storage_url: str | None, password_hash: str = FAST) -> Flask:

@@ -6,24 +6,15 @@ injected storage), sends some traffic while it is up, then stops or pauses it.
 
 from __future__ import annotations
 
-import base64
 import re
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from flask import Flask
 from flask.testing import FlaskClient
-from werkzeug.security import generate_password_hash
 
-from flask_quota import Quota
+from tests.outage import OPS, TIMEOUT, redis_app, traffic_then_login
 from tests.servers import RedisServer
-from tests.test_dashboard import x_user_routes
-
-PASSWORD = "outage-password"
-OPS = {"Authorization": "Basic " + base64.b64encode(f"ops:{PASSWORD}".encode()).decode()}
-TIMEOUT = 0.2  # QUOTA_STORAGE_TIMEOUT of these apps
 
 PAGES = [
     "/quota/", "/quota/api/overview", "/quota/chart.svg", "/quota/chart.svg?identity=id=ada",
@@ -31,37 +22,6 @@ PAGES = [
     "/quota/api/identity/ip=127.0.0.1", "/quota/identity?q=ada", "/quota/plans",
     "/quota/clients", "/quota/audit",
 ]  # fmt: skip
-
-
-def redis_app(tmp_path: Path, redis_url: str, **config: Any) -> Flask:
-    app = Flask(__name__, instance_path=str(tmp_path / "instance"))
-    app.secret_key = "outage-secret"
-    app.config.update(
-        {
-            "QUOTA_STORAGE_URL": redis_url,
-            "QUOTA_STORAGE_TIMEOUT": TIMEOUT,
-            "QUOTA_DASHBOARD_URL": "/quota",
-            "QUOTA_DASHBOARD_USERS": {"ops": generate_password_hash(PASSWORD)},
-            "QUOTA_PLANS": {"free": {"user": "30/minute", "resources": {"ai": "5/minute"}}},
-            **config,
-        }
-    )
-    quota = Quota(app)
-    x_user_routes(app, quota)
-
-    return app
-
-
-def traffic_then_login(app: Flask) -> FlaskClient:
-    """Some usage while Redis is up (flushed to it), and one login (cached by the app)."""
-    http = app.test_client()
-    for user in ("ada", "grace", None):
-        headers = {"X-User": user} if user else {}
-        assert http.post("/infer", headers=headers).status_code == 200
-    app.extensions["quota"].usage.flush()
-    overview = http.get("/quota/api/overview", headers=OPS).get_json()
-    assert overview["storage"]["status"] == "up" and overview["top"], overview
-    return http
 
 
 def text(html: str) -> str:

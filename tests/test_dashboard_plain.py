@@ -4,7 +4,6 @@ caller", durations as durations, and a favicon of its own."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from flask import Flask
@@ -12,12 +11,7 @@ from flask.testing import FlaskClient
 
 from dashboard.data import duration_text
 from flask_quota.sql.admin import QuotaAdmin
-from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app, flush
-
-
-@pytest.fixture
-def ops_app(tmp_path: Path) -> Flask:
-    return dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
+from tests.dashboards import OPS, csrf_from, flush
 
 
 def new_client(app: Flask, name: str) -> tuple[str, str]:
@@ -161,6 +155,7 @@ def test_every_page_names_a_favicon_that_is_served(ops_app: Flask) -> None:
         page = http.get(url, headers=OPS).get_data(as_text=True)
         link = re.search(r'<link rel="icon" type="image/svg\+xml" href="([^"]+)">', page)
         assert link is not None, url
+    assert link is not None  # the last page's, as asserted in the loop (mypy needs it here)
     icon = http.get(link.group(1), headers=OPS)
     assert icon.status_code == 200 and icon.content_type.startswith("image/svg+xml")
     assert icon.data.startswith(b"<svg") and len(icon.data) < 2000

@@ -16,8 +16,7 @@ from flask.testing import FlaskClient
 
 from flask_quota.settings import reference
 from flask_quota.sql.admin import QuotaAdmin
-from tests.test_dashboard import HASH, OPS, dashboard_app, flush
-from tests.test_dashboard_admin import cell, post
+from tests.dashboards import HASH, OPS, cell, csrf_from, dashboard_app, flush, post
 
 PLANS = {
     "free": {"user": "3/minute", "resources": {"ai": "2/minute"}},
@@ -26,8 +25,9 @@ PLANS = {
 
 
 @pytest.fixture
-def ops_app(tmp_path: Path) -> Flask:
-    return dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH}, QUOTA_PLANS=PLANS)
+def ops_app_config() -> dict[str, Any]:
+    """Here ``ops_app`` serves ``PLANS``."""
+    return {"QUOTA_PLANS": PLANS}
 
 
 def page(http: FlaskClient) -> str:
@@ -249,8 +249,6 @@ def test_config_owned_plans_are_read_only(tmp_path: Path) -> None:
     html = page(http)
     assert 'id="plans-read-only"' in html and "QUOTA_PLANS_SOURCE" in html
     assert 'id="new-plan"' not in html and "Delete plan" not in html
-    from tests.test_dashboard import csrf_from
-
     token = csrf_from(http, "/quota/clients")
     before = snapshot(app)
     response = http.post("/quota/plans/new", headers=OPS, data={"name": "x", "csrf_token": token})

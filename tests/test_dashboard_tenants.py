@@ -12,8 +12,7 @@ from flask.testing import FlaskClient
 
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock
-from tests.test_dashboard import HASH, OPS, dashboard_app, flush
-from tests.test_dashboard_admin import cell, post
+from tests.dashboards import HASH, OPS, cell, dashboard_app, flush, post
 
 PLANS = {"free": {"user": "3/minute", "tenant": "4/minute", "resources": {"ai": "2/minute"}}}
 

@@ -20,8 +20,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from flask_quota import Quota
 from flask_quota.sql.admin import QuotaAdmin
 from flask_quota.testing import MemoryStorage
+from tests.dashboards import HASH, OPS, csrf_from, dashboard_app
 from tests.sqldb import database, sql_store
-from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app
 
 # What "a few seconds" means here: the admin bound (2 s) plus slack for a busy machine;
 # before these bounds a locked table held a page for 5 s, a silent server for 10-20 s.

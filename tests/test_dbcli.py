@@ -26,15 +26,8 @@ from sqlalchemy import create_engine, inspect, text
 from flask_quota import Quota
 from flask_quota.sql.models import SCHEMA_REVISION, metadata
 from flask_quota.sql.schema import VERSION_TABLE
-from tests.sqldb import DATABASES, database
 
 QUOTA_TABLES = set(metadata.tables)
-
-
-@pytest.fixture(params=DATABASES)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The same test on a SQLite file and on a fresh PostgreSQL database."""
-    yield from database(request.param, tmp_path)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from flask import Flask, stream_with_context
+from flask import Flask, Response, stream_with_context
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +18,7 @@ from flask_quota.core.algorithms import Algorithm
 from flask_quota.core.rates import parse_rate
 from flask_quota.settings import Settings
 from flask_quota.state import get_state
-from flask_quota.storage import Check, MemoryStorage, Verdict
+from flask_quota.storage import BlockEntry, Check, MemoryStorage, Verdict
 from flask_quota.storage.denycache import DenyCache
 from flask_quota.testing import FrozenClock
 from tests.load import hammer, serve_many
@@ -40,8 +40,23 @@ class Counting:
     def peek(self, checks: Sequence[Check]) -> Verdict:
         return self.inner.peek(checks)
 
+    def refund(self, checks: Sequence[Check], charged_at_us: int) -> None:
+        self.inner.refund(checks, charged_at_us)
+
+    def charge(self, checks: Sequence[Check]) -> None:
+        self.inner.charge(checks)
+
     def clear(self, keys: Sequence[str]) -> None:
         self.inner.clear(keys)
+
+    def block(self, key: str, seconds: int, info: str) -> None:
+        self.inner.block(key, seconds, info)
+
+    def blocks(self, match: str) -> list[BlockEntry]:
+        return self.inner.blocks(match)
+
+    def block_info(self, key: str) -> str | None:
+        return self.inner.block_info(key)
 
     def ping(self) -> float:
         return 0.0
@@ -273,7 +288,7 @@ def header_app(url: str, path: Path, **config: object) -> Flask:
 
     @app.get("/stream/<int:units>")
     @quota.limit("10/minute", resource="metered")
-    def stream(units: int) -> object:
+    def stream(units: int) -> Response:
         def body() -> Iterator[str]:
             yield "part"
             quota.charge(units)

@@ -17,7 +17,12 @@ from flask_quota.storage.breaker import CircuitBreaker
 from flask_quota.storage.failover import GuardedStorage
 from flask_quota.testing import FrozenClock
 
-PLAN = Plan("free", global_rate="5/second", user_rate="3/minute", resources={"search": "2/minute"})
+PLAN = Plan(
+    "free",
+    global_rate=parse_rates("5/second"),
+    user_rate=parse_rates("3/minute"),
+    resources={"search": parse_rates("2/minute")},
+)
 SEARCH = LimitSpec(parse_rates("1/minute"), "search", 1)
 ALICE = Identity(id="alice", plan="free")
 

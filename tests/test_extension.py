@@ -12,6 +12,7 @@ from flask_quota import Identity, Quota, QuotaExceeded
 from flask_quota.state import QuotaState
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock
+from tests.helpers import infer_and_items
 
 PLANS = {
     "free": {
@@ -25,19 +26,6 @@ PLANS = {
         "resources": {"ai_inference": "30/minute", "bulk_search": "60/minute"},
     },
 }
-
-
-def infer_and_items(app: Flask, quota: Quota) -> None:
-    """``POST /infer`` meets the endpoint tier "ai_inference"; ``GET /items`` does not."""
-
-    @app.post("/infer")
-    @quota.limit(resource="ai_inference")
-    def infer() -> str:
-        return "inferred"
-
-    @app.get("/items")
-    def items() -> str:
-        return "items"
 
 
 def make_app(app: Flask, clock: FrozenClock, **config: Any) -> tuple[Quota, FlaskClient]:
@@ -324,7 +312,7 @@ def test_errorhandler_can_replace_the_429(app: Flask, clock: FrozenClock) -> Non
 
     @app.errorhandler(QuotaExceeded)
     def custom(error: QuotaExceeded) -> tuple[dict[str, Any], int]:
-        return {"slow down": error.retry_after, "tier": error.tier.value}, 429
+        return {"slow down": error.retry_after, "tier": str(error.tier)}, 429
 
     http.get("/items")
     response = http.get("/items")

@@ -15,11 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-import redis
 from flask import Flask
 from flask.testing import FlaskClient
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 from werkzeug.test import TestResponse
 
 from flask_quota import Quota
@@ -28,6 +25,7 @@ from flask_quota.core.rates import parse_rate
 from flask_quota.storage import Check, Storage, Verdict
 from flask_quota.storage.breaker import DEFAULT_THRESHOLD
 from flask_quota.storage.redis import RedisStorage
+from tests.redis_probes import wait_until_asleep
 from tests.servers import RedisServer
 
 # quiet: every test here bounds request latencies while Redis is down or hung.
@@ -291,21 +289,6 @@ def used(storage: Storage, key: bytes) -> int:
     """Units ``storage`` has counted on the token bucket ``key`` (LIMIT per minute)."""
     check = Check(key.decode(), Algorithm.TOKEN_BUCKET, parse_rate(f"{LIMIT}/minute"), 0)
     return LIMIT - storage.peek([check]).outcomes[0].remaining
-
-
-def wait_until_asleep(server: RedisServer) -> None:
-    """Until ``server`` leaves a PING unanswered (a thread's DEBUG SLEEP has begun)."""
-    deadline = time.monotonic() + 5
-    with redis.Redis(
-        "127.0.0.1", server.port, socket_timeout=0.05, retry=Retry(NoBackoff(), 0)
-    ) as probe:
-        while time.monotonic() < deadline:
-            try:
-                probe.ping()
-            except redis.TimeoutError:
-                return
-            time.sleep(0.005)
-    raise AssertionError("the server never went to sleep")
 
 
 def test_fail_local_never_counts_a_timed_out_request_twice(

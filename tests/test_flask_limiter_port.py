@@ -150,7 +150,7 @@ def test_deduct_when_is_charge_when(app: Flask, clock: FrozenClock) -> None:
     quota = quota_app(app, clock)
 
     @app.post("/login")
-    @quota.limit("3/minute", resource="login",  # type: ignore[call-arg]
+    @quota.limit("3/minute", resource="login",
                  charge_when=lambda response: response.status_code >= 400)  # fmt: skip
     def login() -> Any:
         return ("ok", 200) if request.form.get("pw") == "right" else ("no", 401)
@@ -262,7 +262,7 @@ def test_per_method_false_shares_one_bucket(app: Flask, clock: FrozenClock) -> N
     quota = quota_app(app, clock)
 
     @app.route("/form", methods=["GET", "POST"])
-    @quota.limit("2/minute", per_method=False)  # type: ignore[call-arg]
+    @quota.limit("2/minute", per_method=False)
     def form() -> str:
         return "f"
 
@@ -276,7 +276,7 @@ def test_exempt_when_skips_trusted_callers(app: Flask, clock: FrozenClock) -> No
     quota = quota_app(app, clock)
 
     @app.get("/t")
-    @quota.limit("1/minute", exempt_when=lambda: request.remote_addr == "10.0.0.1")  # type: ignore[call-arg]
+    @quota.limit("1/minute", exempt_when=lambda: request.remote_addr == "10.0.0.1")
     def t() -> str:
         return "t"
 
@@ -290,7 +290,7 @@ def test_request_filter_frees_matching_requests(app: Flask, clock: FrozenClock) 
     """@limiter.request_filter ~ @quota.request_filter: True means no tier applies."""
     quota = quota_app(app, clock, user="1/minute")
 
-    @quota.request_filter  # type: ignore[attr-defined]
+    @quota.request_filter
     def internal() -> bool:
         return request.headers.get("X-Internal") == "1"
 
@@ -316,8 +316,8 @@ def test_blueprint_limit_and_exempt(app: Flask, clock: FrozenClock) -> None:
     def b() -> str:
         return "b"
 
-    quota.limit("2/minute")(limited)  # type: ignore[type-var]
-    quota.exempt(free)  # type: ignore[type-var]
+    quota.limit("2/minute")(limited)
+    quota.exempt(free)
     app.register_blueprint(limited, url_prefix="/l")
     app.register_blueprint(free, url_prefix="/f")
     client = app.test_client()
@@ -327,7 +327,7 @@ def test_blueprint_limit_and_exempt(app: Flask, clock: FrozenClock) -> None:
 
 def test_on_breach_is_the_quota_exceeded_signal(app: Flask, clock: FrozenClock) -> None:
     """on_breach=callback ~ signals.quota_exceeded: sent once per 429 with the decision."""
-    from flask_quota import signals  # type: ignore[attr-defined]
+    from flask_quota import signals
 
     quota = quota_app(app, clock)
     seen: list[Any] = []

@@ -6,20 +6,17 @@ anonymous callers from 127.0.0.1, so they share one budget.
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.servers import Gunicorn, RedisServer
+from tests.servers import RedisServer, get, gunicorn
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -41,48 +38,6 @@ def quota_env(
         "QUOTA_DENY_CACHE": "false",  # fail-open is under test, not the deny cache
         "GUNICORN_LOG": str(tmp_path / "gunicorn.log"),
     }
-
-
-@contextmanager
-def gunicorn(env: dict[str, str], workers: int) -> Iterator[Gunicorn]:
-    server = Gunicorn(env, workers=workers)
-    try:
-        wait_for_workers(server.port, workers)
-        yield server
-    finally:
-        server.stop()
-
-
-def wait_for_workers(port: int, workers: int, timeout: float = 60.0) -> None:
-    """Wait until every worker has answered the exempt /healthz (booting is slow on a
-    busy box): otherwise the first worker up may serve a whole burst alone."""
-    seen: set[int] = set()
-    deadline = time.monotonic() + timeout
-
-    def worker_pid(_: int) -> int:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-        try:
-            conn.request("GET", "/healthz")
-            return int(json.loads(conn.getresponse().read())["worker"])
-        finally:
-            conn.close()
-
-    with ThreadPoolExecutor(2 * workers) as pool:
-        while len(seen) < workers and time.monotonic() < deadline:
-            seen.update(pool.map(worker_pid, range(2 * workers)))
-            time.sleep(0.05)
-
-
-def get(port: int, path: str = "/v1/items", timeout: float = 30.0) -> int:
-    """One GET over a fresh loopback connection (no proxy settings apply); the status."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        response.read()
-        return response.status
-    finally:
-        conn.close()
 
 
 def evalsha_connections(server: RedisServer) -> int:

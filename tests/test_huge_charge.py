@@ -83,7 +83,9 @@ def test_a_huge_charge_keeps_the_debt_with_a_sane_retry_after(
         names = [k.decode() if isinstance(k, bytes) else str(k) for k in client.keys("*")]
         (key,) = [k for k in names if k.endswith(":tb") and "ai_tokens" in k]
         # A debt is stored as "tat:written" (core.algorithms.bucket_state).
-        tat, written = (int(part) for part in (client.get(key) or b"0:0").split(b":"))
+        stored = client.get(key) or b"0:0"
+        text = stored.decode() if isinstance(stored, bytes) else stored
+        tat, written = (int(part) for part in text.split(":"))
         assert tat - written > MAX_DEBT_US and written > 0
         assert 0 < client.pttl(key) <= (MAX_DEBT_US + 60 * S) // 1000
 

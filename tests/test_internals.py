@@ -65,11 +65,11 @@ def test_redis_connections_offer_what_the_decide_call_uses(redis_server: RedisSe
     pool = client.connection_pool
     conn = pool.make_connection()
     assert "check_health" in inspect.signature(conn.send_packed_command).parameters
-    conn.connect()
+    conn.connect()  # type: ignore[no-untyped-call]
     assert conn.can_read(0) is False
-    conn.send_packed_command((b"*1\r\n$4\r\nPING\r\n",), check_health=False)
+    conn.send_packed_command((b"*1\r\n$4\r\nPING\r\n",), check_health=False)  # type: ignore[no-untyped-call]
     assert conn.read_response() in (b"PONG", "PONG")
-    conn.disconnect()
+    conn.disconnect()  # type: ignore[no-untyped-call]
     client.close()
 
 
@@ -82,7 +82,7 @@ def test_redis_cluster_nodes_answer_as_the_storage_asks(redis_server: RedisServe
     client = redis.Redis(port=redis_server.port)
     conn = checkout(client.connection_pool)
     conn.send_command("PING")
-    assert client.parse_response(conn, "PING") is True
+    assert client.parse_response(conn, "PING") is True  # type: ignore[no-untyped-call]
     client.connection_pool.release(conn)
     client.close()
     from redis.cluster import NodesManager

@@ -190,7 +190,7 @@ def test_a_stream_holds_its_slot_until_it_is_closed(
     storage, _ = backend
     _, client = lease_app(app, storage)
     first, second = held(client), held(client)
-    assert b"".join(first.response) == b"workingdone"  # the stream has run, still open
+    assert b"".join(first.iter_encoded()) == b"workingdone"  # the stream has run, still open
     assert held(client).status_code == 429
     first.close()
     again = held(client)

@@ -23,8 +23,7 @@ import pytest
 from flask import Flask, Response, request
 
 from flask_quota import Identity, Quota
-from tests.servers import Gunicorn, RedisServer
-from tests.test_gunicorn import wait_for_workers
+from tests.servers import Gunicorn, RedisServer, wait_for_workers
 
 # quiet: leases expire on the Redis server's clock, and the gunicorn workers need the CPU.
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.quiet]

@@ -20,9 +20,9 @@ from flask_quota import Identity, Quota
 from flask_quota.settings import Settings
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock
+from tests.helpers import infer_and_items
 from tests.prom import Scrape
 from tests.servers import ROOT, RedisServer
-from tests.test_extension import infer_and_items
 
 PLANS = {
     "free": {

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +15,13 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from flask import Flask
-from flask_migrate import Migrate, upgrade
+from flask_migrate import Migrate, upgrade  # type: ignore[import-untyped]
 from sqlalchemy import create_engine, inspect, text
 
 from flask_quota import Quota
 from flask_quota.sql.models import SCHEMA_REVISION, metadata
 from flask_quota.sql.schema import VERSION_TABLE
 from tests.servers import ROOT
-from tests.sqldb import DATABASES, database
-
-
-@pytest.fixture(params=DATABASES)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The same test on a SQLite file and on fresh PostgreSQL and MariaDB databases."""
-    yield from database(request.param, tmp_path)
-
 
 MIGRATIONS = ROOT / "migrations"
 

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,9 +20,8 @@ from sqlalchemy import create_engine, func, select, text
 
 from flask_quota.sql.models import SCHEMA_REVISION, PlanRecord, QuotaMeta
 from flask_quota.sql.schema import VERSION_TABLE
+from tests.demo import flask_quota, probe
 from tests.servers import ROOT, Gunicorn
-from tests.sqldb import DATABASES, database
-from tests.test_sql_gunicorn import flask_quota, probe
 
 OLD, NEW = 100_000, 66_666  # user-tier rates per minute: high enough never to deny
 PLANS = {"free": {"user": "5/hour"}, "pro": {"user": "50/hour"}, "team": {"user": "500/hour"}}
@@ -46,12 +44,6 @@ store.ensure_ready()
 print("ready", store.version(), flush=True)
 store.close()
 """
-
-
-@pytest.fixture(params=DATABASES)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The same test on a SQLite file and on fresh PostgreSQL and MariaDB databases."""
-    yield from database(request.param, tmp_path)
 
 
 def test_servers_starting_together_on_a_fresh_database_set_it_up_once(

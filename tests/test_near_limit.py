@@ -13,8 +13,8 @@ from flask import Flask, request
 from flask_quota import Identity, Quota, signals
 from flask_quota.core.near import is_near, room
 from flask_quota.testing import FrozenClock
+from tests.redis_probes import CountingConnection, counting_client
 from tests.servers import RedisServer
-from tests.test_redis import CountingConnection, counting_client
 
 pytestmark = pytest.mark.also_valkey
 

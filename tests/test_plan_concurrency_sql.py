@@ -20,7 +20,7 @@ from flask_quota.core.plans import plans_config
 from flask_quota.sql.admin import AdminError, QuotaAdmin
 from flask_quota.sql.plansync import drift, import_plans, sql_plans
 from flask_quota.testing import FrozenClock, MemoryStorage
-from tests.sqldb import DATABASES, database, sql_store
+from tests.sqldb import sql_store
 
 PLANS: dict[str, Any] = {
     "free": {
@@ -33,11 +33,6 @@ PLANS: dict[str, Any] = {
         "resources": {"ai_tokens": {"rate": "20000/hour", "unit": "tokens"}},
     },
 }
-
-
-@pytest.fixture(params=DATABASES)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    yield from database(request.param, tmp_path)
 
 
 @pytest.fixture

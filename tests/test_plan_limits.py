@@ -23,6 +23,7 @@ from flask_quota.storage import Check, Storage
 from flask_quota.storage.denycache import DenyCache
 from flask_quota.storage.usage import SHADOW_DENIED
 from flask_quota.testing import FrozenClock, MemoryStorage, test_storage
+from tests.dashboards import HASH, OPS
 from tests.servers import RedisServer
 
 PLANS = {"free": {"user": "100/minute", "resources": {"ai_inference": "50/minute"}}}
@@ -305,8 +306,6 @@ def test_a_shadow_tier_next_to_an_enforced_one(tmp_path: Path) -> None:
 
 def test_the_dashboard_shows_would_have_denied_per_tier_and_identity(tmp_path: Path) -> None:
     """The overview and the identity page show the shadow denials next to the denials."""
-    from tests.test_dashboard import HASH, OPS
-
     # The wall clock: the dashboard shows the last hour of real time.
     app = shadow_app(
         tmp_path, MemoryStorage(), QUOTA_SHADOW=True, QUOTA_DASHBOARD_USERS={"ops": HASH}

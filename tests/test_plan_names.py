@@ -18,8 +18,8 @@ from flask_quota.core.validators import plan_name
 from flask_quota.sql.admin import AdminError, QuotaAdmin
 from flask_quota.sql.plansync import sql_plans
 from flask_quota.testing import MemoryStorage
+from tests.dashboards import HASH, OPS, csrf_from, dashboard_app
 from tests.sqldb import sql_store
-from tests.test_dashboard import HASH, OPS, csrf_from, dashboard_app
 
 PLANS = {"free": {"user": "5/hour"}, "pro": {"user": "50/hour"}}
 UNSAFE = ["/team", "x/../team", "..", ".", "team/", "a b", "%2e%2e", "te#am", "t?x", "zz\\"]

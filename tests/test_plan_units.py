@@ -10,6 +10,7 @@ from flask import Flask
 
 from flask_quota import Quota
 from flask_quota.core.plans import DEFAULT_PLANS, Plan, catalog_from_config, plan_config
+from flask_quota.core.rates import parse_rates
 from flask_quota.testing import FrozenClock, MemoryStorage
 
 # -- concurrent ----------------------------------------------------------------------
@@ -38,18 +39,17 @@ def test_bad_concurrent_names_the_plan(value: Any) -> None:
 
 def test_a_plan_keeps_concurrent_through_pickling() -> None:
     """A plan is a value passed between processes: ``concurrent`` survives pickling."""
-    plan = Plan("pro", user_rate="5/second", concurrent=3)
+    plan = Plan("pro", user_rate=parse_rates("5/second"), concurrent=3)
     assert pickle.loads(pickle.dumps(plan)).concurrent == 3
 
 
 def test_overrides_keep_the_plans_concurrent() -> None:
     """A client's overrides change its rates, not how many of its requests may be in
     flight: the overridden plan keeps ``concurrent``."""
-    from flask_quota.core.rates import parse_rates
     from flask_quota.core.tiers import Tier
     from flask_quota.sql.snapshot import OverrideRule, apply_overrides
 
-    plan = Plan("pro", user_rate="5/second", concurrent=3)
+    plan = Plan("pro", user_rate=parse_rates("5/second"), concurrent=3)
     rule = OverrideRule(Tier.USER, "", parse_rates("50/second"))
     assert apply_overrides(plan, [rule]).concurrent == 3
 
@@ -106,7 +106,7 @@ def test_a_plan_refuses_a_unit_for_a_resource_without_a_rate() -> None:
     """Units describe the plan's own resources: one for a resource it has no rate for is
     a mistake, and says so."""
     with pytest.raises(ValueError, match="'search', which has no rate"):
-        Plan("free", resources={"ai": "1/second"}, units={"search": "tokens"})
+        Plan("free", resources={"ai": parse_rates("1/second")}, units={"search": "tokens"})
 
 
 def test_the_built_in_plans_count_ai_tokens_in_tokens() -> None:

@@ -16,7 +16,7 @@ from flask_quota.core.plans import plans_config
 from flask_quota.sql.admin import QuotaAdmin
 from flask_quota.sql.plansync import sql_plans
 from flask_quota.testing import MemoryStorage
-from tests.test_dashboard import HASH, OPS, csrf_from
+from tests.dashboards import HASH, OPS, csrf_from
 
 OLD = {"free": {"user": "3/minute"}, "pro": {"user": "50/minute"}}
 NEW = {

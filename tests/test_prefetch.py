@@ -4,7 +4,7 @@ The property itself (no interleaving over-admits) is ``tests/test_prefetch_model
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -16,12 +16,15 @@ from flask_quota.core.algorithms import Algorithm, Gate
 from flask_quota.core.checks import Check
 from flask_quota.core.errors import QuotaUnavailable
 from flask_quota.core.rates import Rate
+from flask_quota.core.reply import Reply
 from flask_quota.settings import FailMode
-from flask_quota.storage.base import StorageError
+from flask_quota.storage.base import StorageError, Verdict
 from flask_quota.storage.breaker import CircuitBreaker
 from flask_quota.storage.failover import GuardedStorage
 from flask_quota.storage.memory import MemoryStorage
 from flask_quota.storage.prefetch import Prefetch
+from tests.cluster import master_calls
+from tests.redis_probes import decide_calls
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -39,19 +42,6 @@ PLANS = {
         "resources": {"small": "80/minute", "log": LOG},
     },
 }
-
-
-def decide_calls(client: redis.Redis) -> int:
-    """The decide calls the server answered (a function or a script), less the failed
-    ones: a server that has not loaded our library yet refuses the first FCALL, which
-    the client then makes again, and whether the shared server had loaded it depends on
-    the tests that ran before on the same pytest-xdist worker."""
-    stats: dict[str, Any] = client.info("commandstats")
-    return sum(
-        int(stats.get(f"cmdstat_{c}", {}).get("calls", 0))
-        - int(stats.get(f"cmdstat_{c}", {}).get("failed_calls", 0))
-        for c in ("fcall", "evalsha")
-    )
 
 
 def make_app(url: str, **config: Any) -> tuple[Flask, Quota]:
@@ -246,7 +236,6 @@ def test_on_a_cluster_shares_span_slots_and_the_limit_holds(cluster: Any) -> Non
     """The caller's tiers sit in two slots (its address's and its identity's): a share
     taken in one call that one slot refuses is refunded in the other (all-or-nothing),
     and the limit holds as on one node."""
-    from tests.test_cluster import master_calls
 
     def calls(client: Any) -> int:
         """The decide calls of 200 quick requests, as the cluster's masters count them."""
@@ -273,10 +262,12 @@ class _Down(MemoryStorage):
 
     down = False
 
-    def decide_flat(self, checks: Any, keys: Any) -> Any:
+    def decide_flat(
+        self, checks: Sequence[Check], keys: Sequence[str], *, commit: bool = True
+    ) -> Reply:
         if self.down:
             raise StorageError("memory: down (test)")
-        return super().decide_flat(checks, keys)
+        return super().decide_flat(checks, keys, commit=commit)
 
 
 def _unit(tag: str) -> tuple[Check, ...]:
@@ -311,9 +302,14 @@ def test_other_callers_of_decide_are_decided_exactly() -> None:
     """QUOTA_BLOCK_AFTER counts denials with ``decide`` (not the request path): each of
     its calls must reach the storage, or shares would count as denials taken ahead."""
     storage = MemoryStorage()
-    calls = []
+    calls: list[int] = []
     real = storage.decide
-    storage.decide = lambda checks: calls.append(1) or real(checks)  # type: ignore[method-assign]
+
+    def counted(checks: Sequence[Check]) -> Verdict:
+        calls.append(1)
+        return real(checks)
+
+    storage.decide = counted  # type: ignore[method-assign]
     prefetch = Prefetch(storage, fraction=0.5, horizon=60)
     for _ in range(20):
         prefetch.decide(list(_unit("x")))
@@ -329,13 +325,16 @@ def test_a_block_while_a_take_is_in_flight_is_not_forgotten() -> None:
     checks = _unit("r")
     keys = [c.key for c in checks]
     real = storage.decide_flat
-    blocked = []
+    blocked: list[int] = []
+    request = checks  # named apart from the storage call's own ``checks``
 
-    def block_during_a_take(c: Any, k: Any) -> Any:
-        reply = real(c, k)
-        if c[1].cost > checks[1].cost and not blocked:  # this call takes a share
+    def block_during_a_take(
+        checks: Sequence[Check], keys: Sequence[str], *, commit: bool = True
+    ) -> Reply:
+        reply = real(checks, keys, commit=commit)
+        if checks[1].cost > request[1].cost and not blocked:  # this call takes a share
             blocked.append(1)
-            prefetch.block(checks[0].key, 60, "{}")  # the block, while the call is in flight
+            prefetch.block(request[0].key, 60, "{}")  # the block, while the call is in flight
         return reply
 
     storage.decide_flat = block_during_a_take  # type: ignore[method-assign]
@@ -362,9 +361,9 @@ def test_shares_stay_worth_taking_when_the_bucket_refills_faster_than_a_worker_s
     calls = [0]
     real = storage.decide_flat
 
-    def counted(c: Any, k: Any) -> Any:
+    def counted(checks: Sequence[Check], keys: Sequence[str], *, commit: bool = True) -> Reply:
         calls[0] += 1
-        return real(c, k)
+        return real(checks, keys, commit=commit)
 
     storage.decide_flat = counted  # type: ignore[method-assign]
     workers = [

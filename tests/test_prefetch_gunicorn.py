@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.load import hammer, serve_many
+from tests.redis_probes import decide_calls
 from tests.servers import RedisServer
-from tests.test_prefetch import decide_calls
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -27,6 +26,7 @@ from flask_quota.core.algorithms import Algorithm, Gate
 from flask_quota.core.checks import Check
 from flask_quota.core.clock import US
 from flask_quota.core.rates import Rate
+from flask_quota.core.reply import Reply
 from flask_quota.storage.memory import MemoryStorage
 from flask_quota.storage.prefetch import Prefetch
 
@@ -60,11 +60,11 @@ class World:
         self.storage = MemoryStorage(clock=lambda: self.now_us + self.delay_us)
         real = self.storage.decide_flat
 
-        def counted(checks: Any, keys: Any) -> Any:
+        def counted(checks: Sequence[Check], keys: Sequence[str], *, commit: bool = True) -> Reply:
             self.calls += 1
             self.delay_us = self.jitter()
             try:
-                return real(checks, keys)
+                return real(checks, keys, commit=commit)
             finally:
                 self.now_us += self.delay_us  # the reply arrives when it was decided
                 self.delay_us = 0
@@ -364,7 +364,7 @@ class Threads:
         self.given_back = 0  # units of expired shares refunded
         real_decide, real_refund = world.storage.decide_flat, world.storage.refund
 
-        def decide(checks: Any, keys: Any) -> Any:
+        def decide(checks: Sequence[Check], keys: Sequence[str], *, commit: bool = True) -> Reply:
             slot = getattr(self.local, "slot", None)
             if slot is not None:
                 go = threading.Event()
@@ -372,13 +372,13 @@ class Threads:
                     self.parked[slot] = go
                     self.cond.notify_all()
                 go.wait()
-            reply = real_decide(checks, keys)
+            reply = real_decide(checks, keys, commit=commit)
             if reply.all_allowed and slot is not None:
                 cost = self.local.cost
                 self.taken += sum(c.cost - cost for c in checks if c.algorithm is not Gate.BLOCK)
             return reply
 
-        def refund(checks: Any, charged_at_us: int) -> None:
+        def refund(checks: Sequence[Check], charged_at_us: int) -> None:
             self.given_back += sum(c.cost for c in checks)
             real_refund(checks, charged_at_us)
 

@@ -17,26 +17,10 @@ from flask_quota.core.rates import parse_rate
 from flask_quota.storage import Check, MemoryStorage
 from flask_quota.storage.redis import RedisStorage
 from flask_quota.testing import FrozenClock
+from tests.redis_probes import CountingConnection, counting_client
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.also_valkey  # each test with a server runs on Redis and on Valkey
-
-
-class CountingConnection(redis.Connection):
-    """Counts what crosses the wire: one send + one read is one round trip."""
-
-    sent = 0
-
-    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        CountingConnection.sent += 1
-        super().send_packed_command(command, check_health)
-
-
-def counting_client(server: RedisServer) -> redis.Redis:
-    pool = redis.ConnectionPool(
-        connection_class=CountingConnection, host="127.0.0.1", port=server.port
-    )
-    return redis.Redis(connection_pool=pool)
 
 
 @pytest.mark.parametrize("algorithm", list(Algorithm))

@@ -177,13 +177,15 @@ def test_the_wire_carries_what_redis_py_would_send(redis_server: RedisServer) ->
             Check("quota:{ip=1.2.3.4}:g:fw", Algorithm.FIXED_WINDOW, parse_rate("7/day"), 1),
             Check("quota:{id=é}:e:GET:x:tb", TB, parse_rate("2/minute"), 1, shadow=True),
         ]
-        conn = redis.Connection()
+        conn = redis.Connection()  # type: ignore[no-untyped-call]
         # A test's peek sends its mode and clock; a production decision, the checks alone.
         for mode, now, now_arg in (("peek", b"123", 123), ("decide", b"", "")):
             ours = storage._decide.pack(mode, now, checks)
             args = decide_args(checks, mode, now_arg)  # the reference, shadow mark included
             theirs = b"".join(
-                conn.pack_command("FCALL", FUNCTION, len(checks), *[c.key for c in checks], *args)
+                conn.pack_command(  # type: ignore[no-untyped-call]
+                    "FCALL", FUNCTION, len(checks), *[c.key for c in checks], *args
+                )
             )
             assert ours == theirs
         assert len(args) == 1
@@ -200,7 +202,7 @@ def test_connections_connect_the_way_their_class_does(redis_server: RedisServer)
     class Discovering(redis.Connection):
         def connect(self) -> None:
             self.port = redis_server.port  # the address the "discovery" names
-            super().connect()
+            super().connect()  # type: ignore[no-untyped-call]
 
     pool = redis.ConnectionPool(
         connection_class=Discovering,

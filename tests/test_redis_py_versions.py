@@ -14,10 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.builds import Dists, ok, run
 from tests.servers import RedisServer
-from tests.test_wheel import Dists, dists, ok, run
-
-__all__ = ["dists"]  # the module-scoped fixture, shared with test_wheel
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.timeout(900)]
 

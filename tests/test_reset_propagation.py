@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import RedisServer
-from tests.test_gunicorn import get, gunicorn
-from tests.test_sql_gunicorn import flask_quota
+from tests.demo import flask_quota
+from tests.servers import RedisServer, get, gunicorn
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

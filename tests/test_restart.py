@@ -17,8 +17,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from flask_quota import Quota
+from tests.redis_probes import wait_until_asleep
 from tests.servers import RedisServer
-from tests.test_failover import wait_until_asleep
 
 pytestmark = [pytest.mark.redis, pytest.mark.also_valkey]
 

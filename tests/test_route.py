@@ -36,9 +36,9 @@ from flask_quota.testing import FrozenClock
 
 PLAN = Plan(
     "p",
-    global_rate="50/second",
-    user_rate="100/minute, 1000/day",
-    resources={"search": "5/minute; burst=8, 50/hour", "ai": "3/minute"},
+    global_rate=parse_rates("50/second"),
+    user_rate=parse_rates("100/minute, 1000/day"),
+    resources={"search": parse_rates("5/minute; burst=8, 50/hour"), "ai": parse_rates("3/minute")},
     modes={
         ("endpoint", "search"): LimitMode(algorithm=Algorithm.SLIDING_WINDOW_COUNTER),
         ("user", ""): LimitMode(shadow=True),
@@ -209,7 +209,7 @@ def test_routes_are_cached_per_catalog_and_rebuilt_when_it_changes() -> None:
     assert len(enforcer.routes.current) == 1 and enforcer.routes_of is new
     # A plan equal to the cached one but another object (an override re-resolved, or a
     # new id after the old plan was freed) gets a route of its own: entries hold their plan.
-    other = Plan("p", global_rate="1/second")
+    other = Plan("p", global_rate=parse_rates("1/second"))
     assert enforcer.route(new, other, "view", "GET", spec, "view", 1).plan is other
 
 
@@ -257,7 +257,7 @@ def test_a_route_in_use_survives_the_cache_filling_up() -> None:
     catalog = PlanCatalog([PLAN])
     spec = LimitSpec(parse_rates("100/minute"), None, 1)
     hot = enforcer.route(catalog, PLAN, "view", "GET", spec, "search", 1)
-    plans = [Plan(f"c{i}", global_rate="1/second") for i in range(10_000)]
+    plans = [Plan(f"c{i}", global_rate=parse_rates("1/second")) for i in range(10_000)]
     for i, plan in enumerate(plans):
         enforcer.route(catalog, plan, "view", "GET", spec, "search", 1)
         if i % 100 == 0:
@@ -270,7 +270,7 @@ def test_a_plan_is_a_value_its_callers_dicts_cannot_change() -> None:
     dicts it was made from are copied, and its own are read-only."""
     resources: dict[str, Any] = {"search": "5/minute"}
     modes = {("user", ""): LimitMode(shadow=True)}
-    plan = Plan("p", user_rate="10/minute", resources=resources, modes=modes)
+    plan = Plan("p", user_rate=parse_rates("10/minute"), resources=resources, modes=modes)
     resources["search"] = "500/minute"
     resources["other"] = "1/minute"
     modes[("user", "")] = LimitMode()
@@ -280,8 +280,9 @@ def test_a_plan_is_a_value_its_callers_dicts_cannot_change() -> None:
         plan.resources["search"] = parse_rates("1/second")  # type: ignore[index]
     with pytest.raises(TypeError):
         plan.modes[("user", "")] = LimitMode()  # type: ignore[index]
-    assert Plan("p", user_rate="10/minute", resources={"search": "5/minute"}, modes={
-        ("user", ""): LimitMode(shadow=True)}) == plan  # fmt: skip
+    assert Plan("p", user_rate=parse_rates("10/minute"),
+                resources={"search": parse_rates("5/minute")},
+                modes={("user", ""): LimitMode(shadow=True)}) == plan  # fmt: skip
     # Still copied and pickled like any dataclass (an app's config may hold plans).
     assert copy.deepcopy(plan) == plan and pickle.loads(pickle.dumps(plan)) == plan
     assert isinstance(copy.deepcopy(plan).resources, MappingProxyType)

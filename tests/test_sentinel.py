@@ -20,6 +20,7 @@ from flask_quota.storage.sentinel import SentinelStorage, parse_sentinel_url
 from tests.conftest import need_server
 from tests.load import Flood, hammer, serve_many
 from tests.sentinel import SentinelGroup
+from tests.tenants import alternate, get, tenant_app
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.also_valkey]
 
@@ -92,8 +93,6 @@ def test_a_tenants_callers_share_its_bucket_on_sentinel(
 ) -> None:
     """The tenant tier through Sentinel: alice and bob of acme alternate, 200 x5 then
     429 429 naming the tenant tier; carol of globex passes."""
-    from tests.test_tenant import alternate, get, tenant_app
-
     _, client = tenant_app(
         app,
         None,

@@ -13,8 +13,9 @@ from flask_quota.storage import MemoryStorage, Storage
 from flask_quota.storage.redis import RedisStorage
 from flask_quota.testing import FrozenClock
 from tests.backends import backend  # noqa: F401  (the fixture)
+from tests.helpers import left
+from tests.redis_probes import CountingConnection, counting_client
 from tests.servers import RedisServer
-from tests.test_redis import CountingConnection, counting_client
 
 Backend = tuple[Storage, FrozenClock]
 
@@ -44,12 +45,6 @@ def metered(app: Flask, storage: Storage, algorithm: Algorithm = Algorithm.TOKEN
         return "ok", int(request.args.get("status", 200))
 
     return quota
-
-
-def left(app: Flask, quota: Quota, resource: str = "tokens") -> int:
-    with app.app_context():
-        found = [b for b in quota.peek(ip="127.0.0.1") if b.name == f"{resource} (POST)"]
-    return found[0].remaining
 
 
 @pytest.mark.parametrize("algorithm", list(Algorithm))

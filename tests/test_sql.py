@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, event, inspect, select
 
 from flask_quota import Quota
 from flask_quota.core.plans import Plan
-from flask_quota.core.rates import parse_rate, parse_rates
+from flask_quota.core.rates import parse_rates
 from flask_quota.core.tiers import Tier
 from flask_quota.sql.admin import QuotaAdmin
 from flask_quota.sql.apikeys import PREFIX_LENGTH
@@ -28,14 +28,7 @@ from flask_quota.sql.snapshot import OverrideRule, SqlCatalog
 from flask_quota.sql.store import DEFAULT_DATABASE_FILE
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock
-from tests.sqldb import DATABASES, database, sql_store
-
-
-@pytest.fixture(params=DATABASES)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The same test on a SQLite file and on a fresh PostgreSQL database."""
-    yield from database(request.param, tmp_path)
-
+from tests.sqldb import sql_store
 
 PLANS = {
     "free": {"global": "1000/second", "user": "5/hour", "resources": {"search": "3/hour"}},
@@ -167,8 +160,8 @@ def test_overrides_win_until_they_expire(apps: Callable[..., Flask], database_ur
 def test_override_expiry_is_checked_at_request_time() -> None:
     """SqlCatalog.resolve drops an override the moment its expiry passes, without a reload."""
     clock = FrozenClock()
-    plan = Plan("free", None, parse_rate("5/hour"), {})
-    rule = OverrideRule(Tier.USER, "", parse_rate("40/hour"), expires_at=clock.seconds + 60)
+    plan = Plan("free", None, parse_rates("5/hour"), {})
+    rule = OverrideRule(Tier.USER, "", parse_rates("40/hour"), expires_at=clock.seconds + 60)
     catalog = SqlCatalog([plan], overrides={"7": (rule,)}, clock=lambda: clock.seconds)
     assert catalog.resolve("free", "7", fallback="free").user_rate == parse_rates("40/hour")
     assert catalog.resolve("free", "8", fallback="free").user_rate == parse_rates("5/hour")

@@ -20,6 +20,7 @@ from flask_quota import Quota
 from flask_quota.sql.admin import QuotaAdmin
 from flask_quota.sql.models import Client, QuotaMeta, utcnow
 from flask_quota.storage import MemoryStorage
+from tests.dashboards import HASH, OPS, dashboard_app
 from tests.sqldb import postgres_database, sql_store
 from tests.sqlfaults import HungDatabase, Proxy
 
@@ -290,8 +291,6 @@ def test_a_hung_postgresql_is_noticed_and_a_revocation_applies_when_it_answers(
 
 def test_the_dashboard_overview_shows_the_snapshot_age(tmp_path: Path) -> None:
     """The overview's JSON and page say whether the SQL snapshot is loaded, and its age."""
-    from tests.test_dashboard import HASH, OPS, dashboard_app
-
     app = dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
     try:
         wait_for(lambda: sql_store(app).health().loaded, 20, "the first load")

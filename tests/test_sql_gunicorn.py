@@ -3,14 +3,9 @@ within 2 s, with counters shared in a real redis-server."""
 
 from __future__ import annotations
 
-import http.client
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,54 +13,13 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from flask_quota.sql.models import AuditEntry
+from tests.demo import flask_quota, probe
 from tests.servers import ROOT, Gunicorn, RedisServer
-from tests.sqldb import DATABASES, database
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 WORKERS = 4
 OLD, NEW = 100_000, 77_777  # user-tier rates per minute: high enough never to deny
-
-
-@pytest.fixture(params=DATABASES)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The same test on a SQLite file and on a fresh PostgreSQL database."""
-    yield from database(request.param, tmp_path)
-
-
-def flask_quota(env: dict[str, str], *args: str) -> str:
-    """`flask --app wsgi quota ...` in its own process, as an operator runs it."""
-    result = subprocess.run(
-        [sys.executable, "-m", "flask", "--app", "wsgi", "quota", *args],
-        cwd=ROOT,
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("QUOTA_")}, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-def probe(port: int, key: str) -> tuple[float, int, int] | None:
-    """(start time, worker pid, user-tier quota) of one request on a fresh connection.
-
-    ``None`` when the response has no quota headers: Redis was too slow and the
-    request failed open (the box is shared), which says nothing about the plan.
-    """
-    started = time.time()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        conn.request("GET", "/", headers={"X-API-Key": key})
-        response = conn.getresponse()
-        body = json.loads(response.read())
-        policy = response.getheader("RateLimit-Policy") or ""
-        if '"user";q=' not in policy:
-            return None
-        quota = int(policy.split('"user";q=')[1].split(";")[0])
-        return started, int(body["worker"]), quota
-    finally:
-        conn.close()
 
 
 def test_cli_plan_change_reaches_all_four_workers_within_two_seconds(

@@ -3,13 +3,10 @@ all-or-nothing with its own tiers, in the same storage call (SPEC 8.2)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from flask import Flask, request
-from flask.testing import FlaskClient
+from flask import Flask
 
-from flask_quota import Identity, Quota, signals
+from flask_quota import Identity, signals
 from flask_quota.core.algorithms import Algorithm
 from flask_quota.core.keys import KeyBuilder
 from flask_quota.core.plans import catalog_from_config, plan_config
@@ -18,41 +15,7 @@ from flask_quota.core.tiers import Tier
 from flask_quota.storage import MemoryStorage, Storage
 from flask_quota.testing import FrozenClock
 from tests.backends import backend  # noqa: F401  (a fixture)
-
-# Who is calling: X-Client names the identity, X-Tenant its tenant (none when absent).
-PLANS: dict[str, Any] = {
-    "pro": {"global": "1000/minute", "tenant": "5/minute", "user": "100/minute"},
-}
-
-
-def tenant_app(app: Flask, storage: Storage | None, **config: Any) -> tuple[Quota, FlaskClient]:
-    app.config.update(
-        {"QUOTA_PLANS": PLANS, "QUOTA_DEFAULT_PLAN": "pro", "QUOTA_ANONYMOUS_PLAN": "pro", **config}
-    )
-    quota = Quota(app, storage=storage)
-
-    @quota.identity_loader
-    def from_headers() -> Identity | None:
-        client = request.headers.get("X-Client")
-        return Identity(client, "pro", request.headers.get("X-Tenant")) if client else None
-
-    @app.get("/work")
-    def work() -> str:
-        return "ok"
-
-    return quota, app.test_client()
-
-
-def get(http: FlaskClient, client: str, tenant: str | None = None) -> Any:
-    headers = {"X-Client": client}
-    if tenant is not None:
-        headers["X-Tenant"] = tenant
-    return http.get("/work", headers=headers)
-
-
-def alternate(http: FlaskClient) -> list[int]:
-    """alice and bob of tenant acme, in turn, seven requests."""
-    return [get(http, ("alice", "bob")[i % 2], "acme").status_code for i in range(7)]
+from tests.tenants import alternate, get, tenant_app
 
 
 def test_one_tenants_callers_share_its_bucket(
@@ -235,11 +198,12 @@ def test_the_enforcer_keeps_tenant_and_tenantless_routes_apart(clock: FrozenCloc
     from flask_quota.core.facts import Facts
     from flask_quota.core.keys import remote_ip_tag
     from flask_quota.core.policy import Policy
+    from flask_quota.core.rates import parse_rates
     from flask_quota.settings import FailMode
     from flask_quota.storage.breaker import CircuitBreaker
     from flask_quota.storage.failover import GuardedStorage
 
-    plan = Plan("free", user_rate="10/minute", tenant_rate="2/minute")
+    plan = Plan("free", user_rate=parse_rates("10/minute"), tenant_rate=parse_rates("2/minute"))
     enforcer = Enforcer(
         guard=GuardedStorage(MemoryStorage(clock), FailMode.OPEN, CircuitBreaker("memory")),
         policy=Policy(KeyBuilder("quota"), Algorithm.TOKEN_BUCKET),

@@ -12,13 +12,7 @@ from click.testing import Result
 from flask import Flask
 
 from flask_quota import Quota
-from tests.sqldb import DATABASES, database, sql_store
-
-
-@pytest.fixture(params=DATABASES)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    yield from database(request.param, tmp_path)
-
+from tests.sqldb import sql_store
 
 PLANS = {
     "free": {"user": "5/hour"},

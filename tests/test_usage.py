@@ -32,12 +32,14 @@ from flask_quota.storage.usage import (
     REQUESTS,
     TOP_KEPT,
     US_PER_MINUTE,
+    Batch,
+    Mark,
     MemoryUsageSink,
     UsageSink,
 )
 from flask_quota.testing import FrozenClock
+from tests.redis_probes import CountingConnection, counting_client
 from tests.servers import RedisServer
-from tests.test_redis import CountingConnection, counting_client
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -94,7 +96,7 @@ def test_memory_sink_keeps_one_hour(clock: FrozenClock) -> None:
 def test_each_minute_keeps_its_busiest_identities(sink: UsageSink, clock: FrozenClock) -> None:
     """Past TOP_KEPT identities a minute, the quiet ones are forgotten; totals stay exact."""
     minute = int(clock.seconds // 60)
-    batch = {(minute, f"id={i}", REQUESTS, True): i + 1 for i in range(2 * TOP_KEPT)}
+    batch: Batch = {(minute, f"id={i}", REQUESTS, True): i + 1 for i in range(2 * TOP_KEPT)}
     batch |= {(minute, f"id={i}", "user", True): i + 1 for i in range(2 * TOP_KEPT)}
     sink.add(batch, {f"id={i}": "free" for i in range(2 * TOP_KEPT)})
     (usage,) = sink.minutes(1, minute)
@@ -110,7 +112,7 @@ def test_redis_sink_bounds_its_keys(redis_client: redis.Redis, clock: FrozenCloc
     """Three keys a minute, each with a TTL; the top list and its details are trimmed."""
     sink = usage_sink(RedisStorage(redis_client, clock=clock), "quota")
     minute = int(clock.seconds // 60)
-    batch = {(minute, f"id={i}", REQUESTS, True): i + 1 for i in range(TOP_KEPT + 50)}
+    batch: Batch = {(minute, f"id={i}", REQUESTS, True): i + 1 for i in range(TOP_KEPT + 50)}
     batch |= {(minute, f"id={i}", "user", True): 1 for i in range(TOP_KEPT + 50)}
     sink.add(batch, {})
     base = f"quota:usage:{{{minute}}}"
@@ -275,7 +277,9 @@ def test_app_records_admitted_and_denied_requests(tmp_path: Path, clock: FrozenC
     usage = app.extensions["quota"].usage
     usage.flush()
     minute = int(clock.seconds // 60)
-    totals = sum((m.tiers for m in usage.sink.minutes(2, minute)), Counter())
+    totals: Counter[tuple[str, Mark]] = sum(
+        (m.tiers for m in usage.sink.minutes(2, minute)), Counter()
+    )
     assert totals == Counter({("user", True): 2, ("user", False): 1})
 
 

@@ -15,8 +15,8 @@ import redis
 
 from flask_quota.recorder import UsageRecorder
 from flask_quota.storage.redis_usage import RedisUsageSink
+from tests.redis_probes import CountingConnection, counting_client
 from tests.servers import RedisServer
-from tests.test_redis import CountingConnection, counting_client
 
 HOUR_US = 3600 * 1_000_000
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -30,68 +29,12 @@ import pytest
 
 from flask_quota.sql.models import metadata
 from flask_quota.sql.schema import VERSION_TABLE
+from tests.builds import Dists, ok, run
 from tests.servers import ROOT, free_port, wait_for_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 PASSWORD = "wheel-smoke-password"
-
-
-def run(*args: str | Path, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
-    """A command outside this checkout's import path: no PYTHONPATH, no QUOTA_/FLASK_ vars."""
-    clean = {
-        k: v
-        for k, v in os.environ.items()
-        if k != "PYTHONPATH" and not k.startswith(("QUOTA_", "FLASK_"))
-    }
-    return subprocess.run(
-        [str(arg) for arg in args],
-        cwd=cwd,
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
-def ok(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 0, f"{result.args}\n{result.stdout}\n{result.stderr}"
-    return result.stdout + result.stderr
-
-
-@dataclass
-class Dists:
-    sdist: Path
-    wheel: Path
-
-
-def source_copy(directory: Path) -> Path:
-    """This checkout's files (git's, uncommitted ones included; nothing it ignores), symlinks
-    kept, in ``directory``: a build writes its egg-info into the tree it builds, and the nox
-    sessions scripts/test.sh installs meanwhile write the checkout's."""
-    listed = ok(run("git", "-C", ROOT, "ls-files", "-z", "--cached", "--others",
-                    "--exclude-standard"))  # fmt: skip
-    for name in filter(None, listed.split("\0")):
-        source, target = ROOT / name, directory / name
-        if not source.is_symlink() and not source.exists():
-            continue  # deleted, not yet committed
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_symlink():
-            target.symlink_to(os.readlink(source))
-        else:
-            shutil.copy2(source, target)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
-    """The sdist and the wheel, built from this checkout as a release would be."""
-    out = tmp_path_factory.mktemp("dist")
-    source = source_copy(tmp_path_factory.mktemp("source"))
-    ok(run(sys.executable, "-m", "build", "--outdir", out, source))
-    [sdist] = out.glob("*.tar.gz")
-    [wheel] = out.glob("*.whl")
-    return Dists(sdist, wheel)
 
 
 def fresh_venv(directory: Path, requirement: str) -> Path:
