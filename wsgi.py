@@ -31,7 +31,7 @@ from typing import Any
 
 import click
 from flask import Flask, jsonify, request
-from flask_migrate import Migrate
+from flask_migrate import Migrate  # type: ignore[import-untyped]
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from werkzeug.security import generate_password_hash
 

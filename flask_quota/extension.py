@@ -235,7 +235,7 @@ class Quota:
         *,
         resource: str | None = None,
         cost: int | Callable[[], int] = 1,
-        key: Callable[[], str] | None = None,
+        key: Callable[[], str | None] | None = None,
         per_method: bool = True,
         charge_when: Callable[[Response], bool] | None = None,
         exempt_when: Callable[[], bool] | None = None,

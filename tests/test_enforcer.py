@@ -10,6 +10,7 @@ from flask_quota.core.enforcer import Decided, Enforcer
 from flask_quota.core.facts import Facts, limit_hooks
 from flask_quota.core.keys import KeyBuilder, remote_ip_tag
 from flask_quota.core.policy import Decision, LimitSpec, Policy, TierResult
+from flask_quota.core.priority import Priority
 from flask_quota.core.rates import parse_rates
 from flask_quota.settings import FailMode
 from flask_quota.storage import MemoryStorage
@@ -53,6 +54,9 @@ class Recorder:
 
     def near_limit(self, decision: Decision, result: TierResult) -> None:
         self.told.append(("near", result.name))
+
+    def shed(self, priority: Priority, reason: str, *, shadow: bool) -> None:
+        self.told.append(("shed", reason))
 
 
 class Down(MemoryStorage):
@@ -193,7 +197,7 @@ def test_limit_hooks_evaluate_the_views_callables() -> None:
     """A ``key`` answering None drops the limit; a bad cost is a TypeError naming the view."""
     spec = LimitSpec(None, "search", lambda: 3, key=lambda: "org-1")
     assert limit_hooks(spec, "v") == (spec, 3, "org-1")
-    nobody = LimitSpec(None, "search", 1, key=lambda: None)  # type: ignore[arg-type,return-value]
+    nobody = LimitSpec(None, "search", 1, key=lambda: None)
     assert limit_hooks(nobody, "v") == (None, 1, None)
     with pytest.raises(TypeError, match="cost callable of 'v'"):
         limit_hooks(LimitSpec(None, "search", lambda: -1), "v")

@@ -182,7 +182,7 @@ def test_a_key_callable_returning_none_skips_that_limit(app: Flask) -> None:
         "2/minute",
         resource="org_search",
         # docs/usage.md: ``key() -> str | None``; Quota.limit's annotation says ``str``.
-        key=lambda: request.args.get("org"),  # type: ignore[arg-type, return-value]
+        key=lambda: request.args.get("org"),
     )
     def search() -> str:
         return "ok"

@@ -241,7 +241,7 @@ def test_one_limit_left_of_a_stack_is_that_limit(app: Flask, clock: FrozenClock)
         "1/minute",
         resource="per_org",
         # docs/usage.md: ``key() -> str | None``; Quota.limit's annotation says ``str``.
-        key=lambda: request.args.get("org"),  # type: ignore[arg-type, return-value]
+        key=lambda: request.args.get("org"),
     )
     @quota.limit("3/minute", resource="mine", exempt_when=lambda: "org" in request.args)
     def s() -> str:

@@ -55,7 +55,7 @@ class LimitSpec:
     rate: Rates | None
     resource: str | None
     cost: int | Callable[[], int]
-    key: Callable[[], str] | None = None  # the endpoint bucket's owner, instead of the caller
+    key: Callable[[], str | None] | None = None  # the endpoint bucket's owner (not the caller)
     per_method: bool = True  # False: one bucket for every method
     charge_when: Callable[[Any], bool] | None = None  # False for a response: refund it
     exempt_when: Callable[[], bool] | None = None  # True: the endpoint tier does not apply
