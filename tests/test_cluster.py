@@ -27,6 +27,7 @@ from flask_quota.storage import Check
 from flask_quota.storage.cluster import ClusterStorage, slot_groups
 from flask_quota.testing import FrozenClock
 from tests.apps.many import header_quota
+from tests.capacity import capacity_scenario
 from tests.cluster import Cluster, command, master_calls
 from tests.load import hammer, serve_many
 from tests.servers import RedisServer
@@ -569,3 +570,11 @@ def test_charge_when_and_charge_on_a_key_bucket_in_its_own_slot(
     # charge made by a failed request are void.
     assert _raw(flushed, team_key).endswith(b":6")
     assert _raw(flushed, user_key).endswith(b":5")  # every request, failed or not
+
+
+def test_the_fleet_capacity_is_exact_on_the_cluster(flushed: Cluster, app: Flask) -> None:
+    """The capacity's set lives in one hash slot, the callers' buckets in others: a shed
+    charges no caller, a caller's own denial keeps no slot, slots come back exactly
+    (``tests/capacity.py``)."""
+    capacity_scenario(app, QUOTA_STORAGE_URL=flushed.url, QUOTA_STORAGE_TIMEOUT=1)
+

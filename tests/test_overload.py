@@ -27,8 +27,10 @@ from flask_quota.core.priority import (
     queued_us,
 )
 from flask_quota.settings import Settings
-from flask_quota.storage import MemoryStorage
+from flask_quota.storage import MemoryStorage, Storage
 from flask_quota.testing import FrozenClock
+from tests.backends import backend  # noqa: F401  (a fixture)
+from tests.capacity import capacity_scenario
 from tests.prom import Scrape
 
 PLANS = {"free": {"user": "1000/minute"}}
@@ -161,6 +163,15 @@ def test_each_class_is_shed_at_its_line_and_never_while_a_lower_one_is_admitted(
     for response in held:
         response.close()
     assert hold(client, "sheddable").status_code == 200  # every slot came back
+
+
+def test_the_capacity_is_exact_on_every_storage(
+    app: Flask,
+    backend: tuple[Storage, FrozenClock],  # noqa: F811
+) -> None:
+    """Memory, a real redis-server and a real valkey-server (Sentinel and Cluster run the
+    same scenario in their modules): see ``tests/capacity.py``."""
+    capacity_scenario(app, backend[0])
 
 
 def test_a_shed_request_charges_no_caller_budget(app: Flask) -> None:

@@ -17,6 +17,7 @@ from flask import Flask
 from flask_quota import Quota
 from flask_quota.storage import storage_from_url
 from flask_quota.storage.sentinel import SentinelStorage, parse_sentinel_url
+from tests.capacity import capacity_scenario
 from tests.conftest import need_server
 from tests.load import Flood, hammer, serve_many
 from tests.sentinel import SentinelGroup
@@ -86,6 +87,11 @@ def test_limits_live_on_the_master_the_sentinels_name(sentinels: SentinelGroup, 
         while not r.keys("quota:*"):
             assert time.monotonic() < deadline, "the counter never reached the replica"
             time.sleep(0.05)
+
+
+def test_the_fleet_capacity_is_exact_on_sentinel(sentinels: SentinelGroup, app: Flask) -> None:
+    """The capacity scenario (``tests/capacity.py``) on the master the sentinels name."""
+    capacity_scenario(app, QUOTA_STORAGE_URL=sentinels.url, QUOTA_STORAGE_TIMEOUT=1)
 
 
 def test_a_tenants_callers_share_its_bucket_on_sentinel(
