@@ -577,4 +577,3 @@ def test_the_fleet_capacity_is_exact_on_the_cluster(flushed: Cluster, app: Flask
     charges no caller, a caller's own denial keeps no slot, slots come back exactly
     (``tests/capacity.py``)."""
     capacity_scenario(app, QUOTA_STORAGE_URL=flushed.url, QUOTA_STORAGE_TIMEOUT=1)
-
