@@ -327,6 +327,7 @@ def overview(
             "top": [],
             "near_limit": [],
             "tenants": [],
+            "overload": None if state.shedder is None else {"unavailable": True},
             "storage": reads.health(),
         }
     overload = overload_panel(state, reads, minutes)

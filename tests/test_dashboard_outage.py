@@ -93,3 +93,18 @@ def test_recovery_shows_up_again(tmp_path: Path, own_redis: RedisServer) -> None
         assert time.monotonic() < deadline, storage
         time.sleep(0.1)
     assert storage["latency_ms"] is not None and not storage["fail_mode_active"]
+
+
+def test_the_overload_panel_says_unknown_while_redis_is_stopped(
+    tmp_path: Path, own_redis: RedisServer
+) -> None:
+    """With overload protection on and redis-server stopped, the overview answers 200 and
+    its overload panel says the in-flight counts are unknown (not zero, not a 500)."""
+    app = redis_app(tmp_path, own_redis.url, QUOTA_CAPACITY=50)
+    http = traffic_then_login(app)
+    own_redis.stop()
+    status, body, _ = get(http, "/quota/")
+    assert status == 200, body[:500]
+    assert "Overload protection Unknown while the storage is down." in text(body)
+    overload = http.get("/quota/api/overview", headers=OPS).get_json()["overload"]
+    assert overload == {"unavailable": True}
