@@ -78,12 +78,16 @@ def quota_app(
     tenant: bool = False,
     concurrent: int | None = None,
     more: Callable[[Flask, Any], None] | None = None,
+    database_url: str = "sqlite://",
+    config: Mapping[str, Any] | None = None,
 ) -> Flask:
     """flask-quota's app (see the module doc). ``plan_extra`` is merged into the plan
     (``{"tenant": rate}``; a ``"resources"`` entry replaces the plan's); ``tenant``
     gives each caller a tenant, one of ten, by the last digit of its ``X-User``;
     ``concurrent`` is the view's ``@quota.limit(concurrent=...)``; ``more(app, quota)``
-    adds other views, never requested by the benchmark."""
+    adds other views, never requested by the benchmark; ``database_url`` the quota
+    tables' (a file for a ledger, which its writer thread reaches on a connection of its
+    own); ``config`` more ``QUOTA_*`` settings."""
     from flask_quota import Identity, Quota
     from flask_quota.core.algorithms import MAX_LOG_LIMIT
 
@@ -115,9 +119,10 @@ def quota_app(
         # Plans are served from SQL: give each app its own in-memory database (apps
         # must not share plans through a SQLite file), polled at the slowest allowed
         # interval because one benchmark process holds dozens of apps.
-        QUOTA_DATABASE_URL="sqlite://",
+        QUOTA_DATABASE_URL=database_url,
         QUOTA_SYNC_INTERVAL=1.5,
     )
+    app.config.update(config or {})
     if deny_cache is not None:  # default on: repeated denials are answered in-process
         app.config["QUOTA_DENY_CACHE"] = deny_cache
     app.config["QUOTA_PREFETCH"] = prefetch

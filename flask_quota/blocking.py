@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 from .core.algorithms import Outcome
 from .core.clock import US
@@ -31,14 +33,21 @@ from .storage import Check, Storage
 from .storage.denycache import DenyCache
 from .storage.failover import GuardedStorage
 
-__all__ = ["INFO_SECONDS", "block_info", "caller_facing", "escalate", "refusal"]
+__all__ = ["INFO_SECONDS", "block_info", "blocked_event", "caller_facing", "escalate", "refusal"]
 
 
 def escalate(
-    storage: Storage, guard: GuardedStorage, settings: Settings, keys: KeyBuilder, tag: str
+    storage: Storage,
+    guard: GuardedStorage,
+    settings: Settings,
+    keys: KeyBuilder,
+    tag: str,
+    *,
+    on_block: Callable[[str, int, str], None] = lambda tag, seconds, reason: None,
 ) -> Outcome | None:
     """Count one denial of ``tag`` towards ``QUOTA_BLOCK_AFTER``; the block's outcome when
-    the caller is blocked now (by this denial, or meanwhile by another worker)."""
+    the caller is blocked now (by this denial, or meanwhile by another worker).
+    ``on_block(tag, seconds, reason)`` is told when this denial set the block."""
     rate = settings.block_after
     if rate is None:
         return None
@@ -59,11 +68,31 @@ def escalate(
 
     if not guard.attempt(set_block):
         return None  # the storage failed: the caller gets the ordinary 429
+    on_block(tag, seconds, f"denied more than {rate.per()}")
     if isinstance(storage, DenyCache):
         # The denials bucket's cached "no" would hide the block from this worker; the
         # next decision asks the storage, sees the block and caches that instead.
         storage.forget([denials.key])
     return Outcome(False, 0, 0, verdict.now_us + seconds * US, seconds * US)
+
+
+def blocked_event(state: QuotaState, tag: str, seconds: int, reason: str, by: str) -> None:
+    """With ``QUOTA_WEBHOOK_URL``: a ``caller.blocked`` event for the outbox (``tag``: the
+    caller's, such as ``id=ada`` or ``ip=203.0.113.7``; ``by``: ``auto`` or the operator)."""
+    outbox = state.outbox
+    if outbox is None:
+        return
+    from .webhooks import new_event
+
+    now = datetime.now(UTC)
+    data = {
+        "caller": tag,
+        "seconds": seconds,
+        "until": (now + timedelta(seconds=seconds)).isoformat(),
+        "reason": reason,
+        "by": by,
+    }
+    outbox.event(new_event("caller.blocked", data, now))
 
 
 INFO_SECONDS = 2.0  # how long a worker reuses what a block says (blocked floods)

@@ -18,23 +18,28 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from flask import Flask, Request, Response, current_app, g, has_request_context, jsonify, request
+from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.datastructures import Headers
 
-from .core.enforcer import Decided, Enforcer
+from .alerts import ALERT, EXCEEDED, Crossing
+from .core.enforcer import Decided, kept_units
 from .core.errors import InvalidApiKey, QuotaExceeded, RequestShed
-from .core.facts import facts_of
+from .core.facts import Facts, facts_of
 from .core.headers import ENVIRON_KEY, OURS, HeaderMode, Renamer, apply_headers
 from .core.identity import Identity, plausible_api_key
 from .core.keys import KeyBuilder, remote_ip_tag
 from .core.policy import Decision, LimitSpec
 from .core.priority import Priority
 from .core.status import caller_status
+from .core.tiers import Tier
+from .ledger import period_usage
 from .overload import Ticket
 from .settings import Settings
 from .sql.errors import KeysUnavailable
@@ -73,6 +78,7 @@ class RequestQuota:
     leased: bool = False  # the decision holds leases, given back at teardown
     ticket: Ticket | None = None  # its place in the worker (overload protection)
     release: Release | None = None  # a streamed response's give-back, at its close
+    caller: Identity | None = None  # whom the ledger and the alerts count it for
 
 
 def current() -> RequestQuota:
@@ -187,7 +193,13 @@ def before_hook(
         except QuotaExceeded as exc:
             # Noted so the after-request hook can give its Retry-After to a response
             # the app's own error handler made.
-            current().denial = exc
+            found = current()
+            found.denial = exc
+            if identity is not None:
+                if state.ledger is not None:
+                    _record_denied(state, identity, found.decided)
+                if state.alerts is not None and found.decided is not None:
+                    _note_exceeded(state, identity, found.decided)
             raise
         except RequestShed as shed:
             if state.usage is not None:  # the dashboard's sheds per minute
@@ -200,6 +212,8 @@ def before_hook(
             if found is None:
                 found = scope[G_ATTR] = RequestQuota()
             found.decided = decided
+            if identity is not None and (state.ledger is not None or decided.route.alert_lines):
+                found.caller = identity  # counted with what it kept, after the response
             if decided.route.held and decided.reply.all_allowed:
                 if not state.leasing:  # the first lease: the teardown hook joins
                     start_leasing()
@@ -249,13 +263,15 @@ def after_hook(state: QuotaState) -> Callable[[Response], Response]:
         settles_later = False
         if found.inner:
             # A quota.limited inside the view denied: the 429 is that limit's, and the
-            # view's own headers would contradict its body.
-            pass
+            # view's own headers would contradict its body. Its own limits charged.
+            if found.caller is not None:
+                _record_kept(state, found, decided, None)
+                _note_alerts(state, found.caller, decided, None, None)
         elif spec is not None and reply.all_allowed and response.is_streamed:
             # The stream may still call quota.settle or quota.charge while it runs: they
             # are settled when it ends. Its headers left before, so they show admission.
             add_headers(headers, route.headers(reply, mode), renamer)
-            response.call_on_close(_Settle(state.enforcer, decided, found, response))
+            response.call_on_close(_Settle(state, decided, found, response))
             settles_later = True
         # What the view asked for after the response: quota.charge's units, quota.settle's.
         # Asked only when there may be something (the usual request has nothing).
@@ -266,8 +282,14 @@ def after_hook(state: QuotaState) -> Callable[[Response], Response]:
         ) and (after := _settlement(found, decided, response)) is not None:
             decision = state.enforcer.settle(decided, **after)
             add_headers(headers, route.settled_headers(decision, mode), renamer)
+            if found.caller is not None:
+                _record_kept(state, found, decided, after)
+                _note_alerts(state, found.caller, decided, decision, after)
         else:
             add_headers(headers, route.headers(reply, mode), renamer)
+            if found.caller is not None:
+                _record_kept(state, found, decided, None)
+                _note_alerts(state, found.caller, decided, None, None)
         if decided.near is not None and not settles_later:
             state.enforcer.done(decided)  # charged as admitted: its crossings are told now
         if state.usage is not None:
@@ -342,22 +364,112 @@ class _Settle:
     """A streamed response's settlement when it is closed: what its stream charged or
     settled while it ran (``quota.charge``, ``quota.settle``) and its ``charge_when``."""
 
-    __slots__ = ("decided", "enforcer", "found", "response")
+    __slots__ = ("decided", "found", "response", "state")
 
     def __init__(
-        self, enforcer: Enforcer, decided: Decided, found: RequestQuota, response: Response
+        self, state: QuotaState, decided: Decided, found: RequestQuota, response: Response
     ) -> None:
-        self.enforcer, self.decided, self.found, self.response = enforcer, decided, found, response
+        self.state, self.decided, self.found, self.response = state, decided, found, response
 
     def __call__(self) -> None:
         after = _settlement(self.found, self.decided, self.response)
+        caller = self.found.caller
+        if caller is not None:  # the ledger records what the stream kept
+            _record_kept(self.state, self.found, self.decided, after)
         if after is None:
-            self.enforcer.done(self.decided)
+            self.state.enforcer.done(self.decided)
+            if caller is not None:
+                _note_alerts(self.state, caller, self.decided, None, None)
             return
         try:
-            self.enforcer.settle(self.decided, **after)
+            settled = self.state.enforcer.settle(self.decided, **after)
         except Exception:  # the response is gone: nothing to answer, so it is logged
             log.exception("flask-quota: settling a streamed response failed")
+            return
+        if caller is not None:
+            _note_alerts(self.state, caller, self.decided, settled, after)
+
+
+def _record_kept(
+    state: QuotaState, found: RequestQuota, decided: Decided, after: dict[str, Any] | None
+) -> None:
+    """The ledger's count of an admitted request: each resource's units as finally
+    charged (``kept_units``, the rule ``Enforcer.settle`` charges by)."""
+    ledger, identity = state.ledger, found.caller
+    if ledger is None or identity is None or not decided.reply.all_allowed:
+        return
+    metered = decided.route.metered
+    if after is not None and metered:
+        counted, extra, actual = after["counted"], after["extra"], after["actual"]
+        metered = tuple(
+            (resource, kept_units(cost, kept=_kept(decided, counted, resource), actual=actual,
+                                  extra=extra))
+            for resource, cost in metered
+        )  # fmt: skip
+    ledger.record(decided.reply.now_us, identity.id, identity.tenant, metered, admitted=True)
+
+
+def _kept(decided: Decided, counted: Callable[[LimitSpec], bool], resource: str) -> bool:
+    spec = decided.limit_of(resource)
+    return spec is None or counted(spec)
+
+
+def _note_alerts(
+    state: QuotaState,
+    identity: Identity,
+    decided: Decided,
+    settled: Decision | None,
+    after: dict[str, Any] | None,
+) -> None:
+    """Note each ``QUOTA_ALERTS`` share of a calendar quota this admitted request took
+    its bucket across: what it left against what it finally cost (``core.near``'s rule);
+    ``settled``: the decision after ``Enforcer.settle``, when it settled."""
+    alerts, route, reply = state.alerts, decided.route, decided.reply
+    if alerts is None or not route.alert_lines or not reply.all_allowed:
+        return
+    for i, line, cost, share in route.alert_lines:
+        tier = route.tiers[i - 1]
+        if settled is not None:
+            left = settled.results[i - 1].outcome.remaining
+            if after is not None and tier.tier is Tier.ENDPOINT and tier.resource is not None:
+                kept = _kept(decided, after["counted"], tier.resource)
+                cost = kept_units(cost, kept=kept, actual=after["actual"], extra=after["extra"])
+        else:
+            left = reply.outcome(i, 0).remaining
+        if left <= line < left + cost:
+            alerts.note(_crossing(ALERT, decided, i, identity, share))
+
+
+def _note_exceeded(state: QuotaState, identity: Identity, decided: Decided) -> None:
+    """Note a denial by a calendar quota: the first in its period is told (``EXCEEDED``)."""
+    alerts, route, reply = state.alerts, decided.route, decided.reply
+    if alerts is None:
+        return
+    for i in range(1, len(route.calls)):
+        check = route.calls[i]
+        if check.calendar is not None and not check.shadow and not reply.outcome(i, 0).allowed:
+            alerts.note(_crossing(EXCEEDED, decided, i, identity, 1.0))
+
+
+def _crossing(kind: str, decided: Decided, i: int, identity: Identity, share: float) -> Crossing:
+    route = decided.route
+    check = route.calls[i]
+    assert check.calendar is not None and check.rate.calendar is not None
+    period = check.calendar.span(check.rate.calendar, decided.reply.now_us)
+    return Crossing(
+        kind, decided.keys[i], share, period, identity.id, identity.tenant,
+        route.names[i - 1], route.limits[i - 1], route.plan.name,
+    )  # fmt: skip
+
+
+def _record_denied(state: QuotaState, identity: Identity, decided: Decided | None) -> None:
+    """The ledger's count of a denied request (a block's too): under each resource it
+    asked for, when its decision is known."""
+    if state.ledger is None:
+        return
+    metered = decided.route.metered if decided is not None else ()
+    now_us = decided.reply.now_us if decided is not None else time.time_ns() // 1000
+    state.ledger.record(now_us, identity.id, identity.tenant, metered, admitted=False)
 
 
 class Release:
@@ -450,11 +562,28 @@ def status_view(state: QuotaState, loaders: Loaders, budget: LimitSpec) -> Calla
         found = caller_status(
             state.enforcer, facts, endpoints, charge=state.settings.enabled, budget=budget
         )
-        response = jsonify(found.as_json())
+        body = found.as_json()
+        if state.ledger is not None and identity is not None:
+            body["usage"] = _own_usage(state, identity, facts)
+        response = jsonify(body)
         response.headers["Cache-Control"] = "no-store"  # one caller's, and it changes
         return response
 
     return flask_quota_status
+
+
+def _own_usage(state: QuotaState, identity: Identity, facts: Facts) -> dict[str, Any] | None:
+    """The status's ``usage``: the caller's ledger totals in its current billing period
+    (its own billing day, else ``QUOTA_BILLING_DAY``); None while the database fails."""
+    calendar = state.settings.calendar
+    day = state.enforcer.billing_day(state.catalog(), facts)
+    if day is not None:
+        calendar = calendar.on_day(day)
+    try:
+        return period_usage(state.sql.engine, identity.id, calendar, time.time_ns() // 1000)
+    except SQLAlchemyError as exc:
+        log.warning("flask-quota: the status endpoint could not read the ledger (%s)", exc)
+        return None
 
 
 def _warn_no_proxy_fix(state: QuotaState, req: Request) -> None:

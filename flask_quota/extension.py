@@ -15,6 +15,7 @@ from blinker import NamedSignal
 from flask import Blueprint, Flask, Request, Response, current_app, has_request_context, request
 
 from . import blocking, edge, signals
+from .alerts import Alerts
 from .cli import quota_cli
 from .core import leases, validators
 from .core.enforcer import Enforcer
@@ -27,6 +28,7 @@ from .core.policy import Decision, LimitSpec, Policy, TierResult
 from .core.priority import Priority, parse_priority
 from .core.rates import Rate, Rates, parse_rates
 from .core.status import status_budget
+from .ledger import Ledger
 from .otel import span_observer
 from .overload import Shedder
 from .recorder import UsageRecorder, usage_sink
@@ -170,9 +172,16 @@ class Quota:
             capacity=settings.capacity,
             reserve=settings.reserve,
         )
+        state: QuotaState  # made below; the callbacks here reach it when called
         escalate = None
         if settings.block_after is not None:
-            escalate = functools.partial(blocking.escalate, storage, guard, settings, policy.keys)
+            escalate = functools.partial(
+                blocking.escalate, storage, guard, settings, policy.keys,
+                # A block sets off a caller.blocked event.
+                on_block=lambda tag, seconds, reason: blocking.blocked_event(
+                    state, tag, seconds, reason, "auto"
+                ),
+            )  # fmt: skip
         enforcer = Enforcer(
             guard=guard,
             policy=policy,
@@ -185,6 +194,7 @@ class Quota:
             events=_Signals(app),
             observer=combined(metrics, span_observer()),
             near=settings.near_limit,
+            alerts=settings.alerts,
         )
         state = app.extensions["quota"] = QuotaState(
             settings=settings,
@@ -198,7 +208,10 @@ class Quota:
         )
         if settings.overload:
             state.shedder = Shedder(settings, enforcer, metrics=metrics)
-        sql.autostart(app, needed=settings.dashboard_url is not None)
+        writes = settings.ledger or settings.webhook_url is not None
+        if writes or settings.alerts:
+            _writer(app, state)
+        sql.autostart(app, needed=settings.dashboard_url is not None or writes)
         # Hooks bound to this app's state: a request looks up no ``current_app`` for it.
         # The teardown hook is added at the first lease (``edge.lease_teardown``), or now
         # when every request holds a slot in its worker (overload protection).
@@ -516,6 +529,43 @@ class _Signals:
         app = self.app()
         if app is not None and signal.receivers:
             signals.notify(signal, app, decision=decision, **extra)
+
+
+def _writer(app: Flask, state: QuotaState) -> None:
+    """The background writer (one thread per worker, started at its first use): the
+    ledger (``QUOTA_LEDGER``), the alerts' claims (``QUOTA_ALERTS``), the outbox of
+    events; with ``QUOTA_WEBHOOK_URL`` also the outbox's sender."""
+    settings, sql = state.settings, state.sql
+    alerts = None
+    if settings.alerts or settings.webhook_url is not None:  # the latter: quota.exceeded
+        alerts = Alerts(
+            app, state.storage, settings.alerts, metrics=state.metrics,
+            client_of=lambda identity: identity if sql.catalog().client_plan(identity) else None,
+        )  # fmt: skip
+    writer = Ledger(
+        lambda: sql.engine,
+        settings.calendar.zone,
+        usage=settings.ledger,
+        ready=sql.ensure_ready,
+        before=alerts.process if alerts is not None else lambda: None,
+        interval=settings.sync_interval,
+    )
+    if settings.ledger:
+        state.ledger = writer
+    if alerts is not None:
+        alerts.wake = writer.poke
+        state.alerts = alerts
+    if settings.webhook_url is not None:
+        state.outbox = writer
+        if alerts is not None:
+            alerts.outbox = writer
+    if settings.webhook_url is not None and settings.webhook_secret is not None:
+        from .webhooks import WebhookSender
+
+        sender = WebhookSender(lambda: sql.engine, settings.webhook_url, settings.webhook_secret)
+        sender.start()
+        # gunicorn forks its workers after init_app: each starts its own sender thread.
+        os.register_at_fork(after_in_child=sender.start)
 
 
 def _metrics(settings: Settings) -> QuotaMetrics | None:

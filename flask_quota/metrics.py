@@ -154,6 +154,13 @@ class QuotaMetrics:
             ("tier", "resource", "plan"),
             registry=self.registry,
         )
+        self.alerts = Counter(
+            "flask_quota_alerts",
+            "QUOTA_ALERTS crossings of a calendar quota, once per bucket, share and period "
+            "across the fleet (counted by the worker that claimed it).",
+            ("resource", "share"),
+            registry=self.registry,
+        )
         self.sheds = Counter(
             "flask_quota_shed",
             "Requests shed by overload protection, by class and reason (capacity, queue); "
@@ -238,6 +245,10 @@ class QuotaMetrics:
     def near_limit(self, decision: Decision, result: TierResult) -> None:
         """One more crossing of ``QUOTA_NEAR_LIMIT`` by ``result``'s bucket."""
         self.near_limits.labels(result.tier.value, result.name, decision.plan).inc()
+
+    def alert(self, resource: str, share: float) -> None:
+        """One more ``QUOTA_ALERTS`` crossing told (``alerts.Alerts``)."""
+        self.alerts.labels(resource, f"{share:g}").inc()
 
     def shed(self, priority: Priority, reason: str, *, shadow: bool) -> None:
         """One more shed request (or one ``QUOTA_SHADOW`` only counted)."""

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
@@ -74,6 +75,10 @@ DEFAULTS: dict[str, Any] = {
     "QUOTA_RESERVE": DEFAULT_RESERVE,  # share of the capacity only higher classes may use
     "QUOTA_ADAPTIVE": False,  # True: each worker's capacity follows measured latency
     "QUOTA_MAX_QUEUE_MS": None,  # e.g. 2000: shed a non-critical request queued longer
+    "QUOTA_ALERTS": (0.5, 0.8, 1.0),  # shares of a calendar quota told once per period
+    "QUOTA_LEDGER": False,  # True: admitted units per caller, tenant, resource and day in SQL
+    "QUOTA_WEBHOOK_URL": None,  # POST each event (quota.alert, ...) as JSON here
+    "QUOTA_WEBHOOK_SECRET": None,  # signs the events: the Quota-Signature header
 }
 
 # What each key means: the configuration reference (README, docs and init_app's
@@ -219,6 +224,30 @@ DOCS["QUOTA_MAX_QUEUE_MS"] = (
     "the header is never read."
 )
 
+DOCS["QUOTA_ALERTS"] = (
+    "Shares of a calendar quota (``N/month``, ``N/year``; above 0, at most 1) whose "
+    "crossing sends ``signals.quota_alert``, counts ``flask_quota_alerts`` and, with "
+    "``QUOTA_WEBHOOK_URL``, a ``quota.alert`` event: once per bucket, share and period "
+    "across every server (claimed in the storage). A list, or text such as ``0.8,1``; "
+    "``None`` or ``()``: no alerts."
+)
+DOCS["QUOTA_LEDGER"] = (
+    "``True``: every admitted unit is recorded per day (in ``QUOTA_TIMEZONE``), caller "
+    "(the client, else the identity), tenant and resource in the ``quota_usage`` table, "
+    "with the requests admitted and denied; written by each worker every "
+    "``QUOTA_SYNC_INTERVAL``, never in a request. See Usage and billing."
+)
+DOCS["QUOTA_WEBHOOK_URL"] = (
+    "An ``http(s)://`` URL each event (``quota.alert``, ``quota.exceeded``, "
+    "``caller.blocked``) is POSTed to as JSON, from the ``quota_webhook_events`` outbox by a "
+    "background sender, retried for 24 h; needs ``QUOTA_WEBHOOK_SECRET``. ``None``: no "
+    "events are kept. See Webhooks."
+)
+DOCS["QUOTA_WEBHOOK_SECRET"] = (
+    "The secret the events are signed with: ``Quota-Signature: t=<unix time>,v1=<hex "
+    "HMAC-SHA256 of '<t>.<body>'>``. At least 16 characters; keep it out of the code."
+)
+
 # Read by the dashboard when it is mounted (dashboard/auth.py), not by Settings.
 DASHBOARD_DOCS: dict[str, str] = {
     "QUOTA_DASHBOARD_USERS": "Dashboard logins: ``{user: werkzeug password hash}`` (or JSON).",
@@ -284,6 +313,10 @@ class Settings:
     )  # QUOTA_RESERVE
     adaptive: bool = False  # QUOTA_ADAPTIVE
     max_queue_ms: float | None = None  # QUOTA_MAX_QUEUE_MS
+    alerts: tuple[float, ...] = ()  # QUOTA_ALERTS, ascending
+    ledger: bool = False  # QUOTA_LEDGER
+    webhook_url: str | None = None  # QUOTA_WEBHOOK_URL
+    webhook_secret: str | None = None  # QUOTA_WEBHOOK_SECRET
 
     @property
     def overload(self) -> bool:
@@ -352,6 +385,10 @@ class Settings:
             reserve=parse_reserve(get["QUOTA_RESERVE"]),
             adaptive=_flag(get, "QUOTA_ADAPTIVE"),
             max_queue_ms=_milliseconds(get, "QUOTA_MAX_QUEUE_MS"),
+            alerts=_alerts(get, "QUOTA_ALERTS"),
+            ledger=_flag(get, "QUOTA_LEDGER"),
+            webhook_url=_webhook_url(get, "QUOTA_WEBHOOK_URL"),
+            webhook_secret=_secret(get, "QUOTA_WEBHOOK_SECRET"),
         )
         for key in ("QUOTA_DEFAULT_PLAN", "QUOTA_ANONYMOUS_PLAN"):
             if get[key] not in plans:
@@ -360,6 +397,11 @@ class Settings:
             raise ValueError(
                 f"QUOTA_SYNC_INTERVAL={get['QUOTA_SYNC_INTERVAL']!r} is too long: changes must "
                 f"reach every worker within 2 s; use at most {_MAX_SYNC_INTERVAL} seconds"
+            )
+        if settings.webhook_url is not None and settings.webhook_secret is None:
+            raise ValueError(
+                "QUOTA_WEBHOOK_URL needs QUOTA_WEBHOOK_SECRET: receivers verify each event's "
+                "Quota-Signature with it (e.g. QUOTA_WEBHOOK_SECRET = secrets.token_hex(32))"
             )
         if settings.dashboard_url is not None and not str(settings.dashboard_url).startswith("/"):
             raise ValueError("QUOTA_DASHBOARD_URL must be a path starting with '/', e.g. '/quota'")
@@ -544,6 +586,59 @@ def _capacity(get: dict[str, Any], key: str) -> int | None:
             "fleet, from 1 to 1,000,000 (e.g. 64), or None"
         )
     return number
+
+
+def _alerts(get: dict[str, Any], key: str) -> tuple[float, ...]:
+    """Shares above 0 and at most 1, as a list or as text (``"0.8,1"``); ``None``: none."""
+    value = get[key]
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    fault = (
+        f"{key}={value!r} must be shares of a calendar quota above 0 and at most 1, e.g. "
+        "(0.5, 0.8, 1.0) or '0.8,1', or None for no alerts"
+    )
+    if isinstance(items, (int, float)) or not hasattr(items, "__iter__"):
+        raise ValueError(fault)
+    shares = set()
+    for item in items:
+        text = item.strip() if isinstance(item, str) else item
+        if text == "":
+            continue
+        try:
+            share = float(text)
+        except (TypeError, ValueError):
+            raise ValueError(fault) from None
+        if isinstance(text, bool) or not 0 < share <= 1:
+            raise ValueError(fault)
+        shares.add(share)
+    return tuple(sorted(shares))
+
+
+def _webhook_url(get: dict[str, Any], key: str) -> str | None:
+    """An absolute ``http://`` or ``https://`` URL with a host, or ``None``."""
+    value = get[key]
+    if value is None or value == "":
+        return None
+    parts = urlsplit(value) if isinstance(value, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"{key}={value!r} must be an http:// or https:// URL, e.g. "
+            "'https://billing.example.com/hooks/quota', or None"
+        )
+    return str(value)
+
+
+def _secret(get: dict[str, Any], key: str) -> str | None:
+    value = get[key]
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) < 16:
+        raise ValueError(
+            f"{key} must be a string of at least 16 characters (e.g. secrets.token_hex(32)); "
+            "the value given is not shown"
+        )
+    return value
 
 
 def _milliseconds(get: dict[str, Any], key: str) -> float | None:

@@ -17,6 +17,12 @@ answering and the fail mode applies; ``error`` is the exception.
 change of the circuit breaker, not once per request. ``quota_shed``: overload
 protection shed a request (503); ``priority`` is its class, ``reason`` ``capacity``
 or ``queue``, ``shadow`` True when ``QUOTA_SHADOW`` only counted it and served it.
+``quota_alert``: a calendar quota (``N/month``, ``N/year``) was taken across a
+``QUOTA_ALERTS`` share, once per bucket, share and period across every worker and
+server; ``identity``, ``client`` (the SQL client's id, else None), ``tenant``,
+``resource`` (``user``, ``tenant`` or the resource), ``share`` and ``period`` (``start``
+and ``end``, ISO 8601 UTC). It is sent from flask-quota's writer thread inside an app
+context, within about ``QUOTA_SYNC_INTERVAL`` of the crossing, not in the request.
 
 A receiver that raises is logged (with its traceback) and the others still run:
 the decision stands, whatever a receiver does.
@@ -31,6 +37,7 @@ from blinker import NamedSignal, Namespace
 
 __all__ = [
     "notify",
+    "quota_alert",
     "quota_exceeded",
     "quota_near_limit",
     "quota_shadow_exceeded",
@@ -47,6 +54,7 @@ quota_exceeded = _signals.signal("quota-exceeded")
 quota_shadow_exceeded = _signals.signal("quota-shadow-exceeded")
 quota_near_limit = _signals.signal("quota-near-limit")
 quota_shed = _signals.signal("quota-shed")
+quota_alert = _signals.signal("quota-alert")
 storage_failed = _signals.signal("quota-storage-failed")
 storage_recovered = _signals.signal("quota-storage-recovered")
 

@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING
 
 from flask import Flask, current_app
 
+from .alerts import Alerts
 from .core.enforcer import Enforcer
 from .core.generations import Generations
 from .core.plans import PlanCatalog
 from .core.policy import Policy
 from .core.priority import Priority
+from .ledger import Ledger
 from .overload import Shedder
 from .recorder import UsageRecorder
 from .settings import Settings
@@ -51,6 +53,11 @@ class QuotaState:
     # (endpoint, method) -> its class (``views.priority_of``), with overload protection.
     priorities: dict[tuple[str, str], Priority | None] = field(default_factory=dict)
     shedder: Shedder | None = None  # overload protection's in-worker part, when on
+    ledger: Ledger | None = None  # QUOTA_LEDGER: usage per caller and day, when on
+    alerts: Alerts | None = None  # QUOTA_ALERTS: crossings of calendar quotas, when any
+    # With QUOTA_WEBHOOK_URL: where events wait for the outbox (the ledger's writer,
+    # which writes them also when the ledger is off).
+    outbox: Ledger | None = None
     proxy_warned: bool = False  # X-Forwarded-For without ProxyFix has been checked (once)
     # A request of this app has held a lease: from then on the app has the teardown hook
     # that gives leases back (see ``after.lease_teardown``).

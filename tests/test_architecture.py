@@ -242,10 +242,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "flask_quota.signals", "flask_quota.otel", "flask_quota.metrics",
             "flask_quota.views", "flask_quota.recorder", "flask_quota.state",
-            "flask_quota.blocking", "flask_quota.overload", "flask_quota.edge",
+            "flask_quota.blocking", "flask_quota.overload", "flask_quota.webhooks",
+            "flask_quota.ledger", "flask_quota.alerts", "flask_quota.edge",
         ),
     ),
-    ("tools", ("flask_quota.tools", "flask_quota.admin_api")),
+    ("tools", ("flask_quota.tools", "flask_quota.reports", "flask_quota.admin_api")),
     ("cli", ("flask_quota.cli",)),
     (
         "faces",

@@ -58,6 +58,9 @@ class Counting:
     def block_info(self, key: str) -> str | None:
         return self.inner.block_info(key)
 
+    def claim(self, key: str, seconds: int) -> bool:
+        return self.inner.claim(key, seconds)
+
     def holders(self, key: str) -> list[str]:
         return self.inner.holders(key)
 

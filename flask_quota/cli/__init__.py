@@ -17,6 +17,7 @@ from .overrides import overrides_cli
 from .plans import plans_cli
 from .routes import routes
 from .usage import reset, usage
+from .webhooks import webhooks_cli
 
 __all__ = ["quota_cli"]
 
@@ -29,6 +30,7 @@ for command in (
     overrides_cli,
     blocks_cli,
     db_cli,
+    webhooks_cli,
     usage,
     reset,
     block,

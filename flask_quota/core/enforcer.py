@@ -30,7 +30,7 @@ from .reply import HeldReply, LocalReply, Reply
 from .route import Route, build_route
 from .tiers import Tier
 
-__all__ = ["Decided", "DecisionObserver", "Enforcer", "Events", "Guard"]
+__all__ = ["Decided", "DecisionObserver", "Enforcer", "Events", "Guard", "kept_units"]
 
 log = logging.getLogger("flask_quota")
 
@@ -124,6 +124,15 @@ class Events(Protocol):
     def shed(self, priority: Priority, reason: str, *, shadow: bool) -> None: ...
 
 
+def kept_units(cost: int, *, kept: bool, actual: int | None, extra: int) -> int:
+    """What an endpoint limit finally charges a request admitted at ``cost``: nothing
+    when its ``charge_when`` said no (``kept`` False), else ``actual`` (``quota.settle``)
+    or the cost, plus ``extra`` (``quota.charge``). ``settle`` and the ledger agree by it."""
+    if not kept:
+        return 0
+    return (actual if actual is not None else cost) + extra
+
+
 def counted_by(counted: Callable[[LimitSpec], bool], decided: Decided, check: TierCheck) -> bool:
     """``counted``'s answer for the limit of ``check``, an endpoint check of ``decided``."""
     spec = decided.limit_of(check.resource)
@@ -182,6 +191,7 @@ class Enforcer:
         events: Events | None = None,
         observer: DecisionObserver | None = None,
         near: float | None = None,
+        alerts: tuple[float, ...] = (),
     ) -> None:
         self.guard = guard
         self.policy = policy
@@ -193,6 +203,7 @@ class Enforcer:
         self.events = events
         self.observer = observer
         self.near = near
+        self.alerts = alerts  # QUOTA_ALERTS: each route knows its crossing lines
         # (id(plan), endpoint, method, cost, limited?) -> Route, for the catalog in
         # ``routes_of``; a new catalog (a plan or override change) empties it.
         self.routes: Generations[RouteKey, Route] = Generations(ROUTES)
@@ -473,9 +484,7 @@ class Enforcer:
             # A shadow check that would have denied was not charged: only extras reach it.
             allowed = result.outcome.allowed
             charged = t.check.cost if allowed else 0
-            target = 0
-            if keep:
-                target = (actual if actual is not None and allowed else charged) + extra
+            target = kept_units(charged, kept=keep, actual=actual if allowed else None, extra=extra)
             c = t.check
             if target < charged:
                 refunds.append(Check(c.key, c.algorithm, c.rate, charged - target, c.shadow,
@@ -582,12 +591,12 @@ class Enforcer:
                 found = build_route(
                     self.policy, plan, method=method, spec=spec, resource=resource, cost=cost,
                     tenant=tenant, near=self.near, more=shape[1],  # type: ignore[index]
-                    priority=priority,
+                    priority=priority, alerts=self.alerts,
                 )  # fmt: skip
             elif cost == 1:
                 found = build_route(
                     self.policy, plan, method=method, spec=spec, resource=resource, cost=1,
-                    tenant=tenant, near=self.near, priority=priority,
+                    tenant=tenant, near=self.near, priority=priority, alerts=self.alerts,
                 )  # fmt: skip
             else:
                 unit = self.route(

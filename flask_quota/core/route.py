@@ -47,7 +47,7 @@ from .priority import Priority
 from .reply import Reply
 from .tiers import Tier
 
-__all__ = ["Route", "build_route"]
+__all__ = ["Route", "build_route", "metered"]
 
 # Stand-ins for the caller's tags while a route's keys are built: a NUL never occurs
 # in a tag (``escape`` percent-encodes it), so each key splits at exactly one of them.
@@ -82,12 +82,17 @@ class Route:
     encoding by identity. ``costing()`` derives the route of another cost.
     """
 
-    __slots__ = ("billed", "calls", "enforced", "held", "labels", "leases", "limit_texts",
-                 "limits", "lines", "names", "parts", "plan", "policy", "rooms", "shadow",
-                 "shown_among", "tiers")  # fmt: skip
+    __slots__ = ("alert_lines", "alerts", "billed", "calls", "enforced", "held", "labels",
+                 "leases", "limit_texts", "limits", "lines", "metered", "names", "parts",
+                 "plan", "policy", "rooms", "shadow", "shown_among", "tiers")  # fmt: skip
 
     def __init__(
-        self, plan: Plan, tiers: Sequence[TierCheck], gate: Check, near: float | None = None
+        self,
+        plan: Plan,
+        tiers: Sequence[TierCheck],
+        gate: Check,
+        near: float | None = None,
+        alerts: tuple[float, ...] = (),
     ) -> None:
         self.plan = plan
         self.tiers = tuple(tiers)
@@ -114,6 +119,9 @@ class Route:
         # Per tier, what is left at the near-limit line (``near``: QUOTA_NEAR_LIMIT); empty: off.
         self.rooms = () if near is None else tuple(room(limit, near) for limit in self.limits)
         self.lines = self._lines()
+        self.metered = metered(self.tiers)
+        self.alerts = alerts  # QUOTA_ALERTS: the shares of a calendar quota told once
+        self.alert_lines = self._alert_lines()
         self.names = tuple(printable(t.name) for t in tiers)
         self.labels = tuple(sf_string(t.name) for t in tiers)
         self.policy = policy_header(
@@ -138,6 +146,8 @@ class Route:
         )  # fmt: skip
         variant.calls = (self.calls[0], *(t.check for t in variant.tiers))
         variant.lines = variant._lines()
+        variant.metered = metered(variant.tiers)
+        variant.alert_lines = variant._alert_lines()
         variant.billed = None if self.billed is None else {}
         return variant
 
@@ -169,6 +179,16 @@ class Route:
             (i + 1, self.rooms[i], t.check.cost)
             for i, t in enumerate(self.tiers)
             if t.check.cost and t.tier not in _NOT_RATES  # a slot is not a rate's unit
+        )
+
+    def _alert_lines(self) -> tuple[tuple[int, int, int, float], ...]:
+        """(check, room, cost, share) per enforced calendar rate and ``QUOTA_ALERTS``
+        share: ``Reply.crossings``' lines, each with the share it stands for."""
+        return tuple(
+            (i + 1, room(self.limits[i], share), t.check.cost, share)
+            for i, t in enumerate(self.tiers)
+            if t.check.calendar is not None and not t.check.shadow and t.check.cost
+            for share in self.alerts
         )
 
     def keys(self, ip_tag: str, tag: str, key_tag: str, tenant_tag: str = "") -> list[str]:
@@ -286,6 +306,7 @@ def build_route(
     near: float | None = None,
     more: Sequence[tuple[LimitSpec, int]] = (),
     priority: Priority | None = None,
+    alerts: tuple[float, ...] = (),
 ) -> Route:
     """The route of a request, from the policy's own checks with placeholder tags;
     ``tenant``: the caller has a tenant, so its tenant tier applies; ``near``:
@@ -309,7 +330,17 @@ def build_route(
         more=stacked,
         priority=priority,
     )
-    return Route(plan, tiers, gate_check(policy.keys, _MARKS[WHO]), near)
+    return Route(plan, tiers, gate_check(policy.keys, _MARKS[WHO]), near, alerts)
+
+
+def metered(tiers: Sequence[TierCheck]) -> tuple[tuple[str, int], ...]:
+    """(resource, cost) of each endpoint limit, once per resource: what the usage
+    ledger records of an admitted request (a resource's several rates charge alike)."""
+    seen: dict[str, int] = {}
+    for t in tiers:
+        if t.tier is Tier.ENDPOINT and t.resource is not None and t.resource not in seen:
+            seen[t.resource] = t.check.cost
+    return tuple(seen.items())
 
 
 def _split(key: str) -> tuple[str, int, str]:

@@ -9,7 +9,7 @@ has a fixed name so that migrations match on SQLite and PostgreSQL alike.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -17,6 +17,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
+    Date,
     DateTime,
     Dialect,
     ForeignKey,
@@ -37,12 +38,15 @@ __all__ = [
     "SCHEMA_REVISION",
     "AuditEntry",
     "Client",
+    "LedgerFlush",
     "Model",
     "Override",
     "PlanLimit",
     "PlanRecord",
     "QuotaMeta",
     "UTCDateTime",
+    "UsageRow",
+    "WebhookEvent",
     "copy_tables",
     "metadata",
     "utcnow",
@@ -51,7 +55,7 @@ __all__ = [
 # The Alembic revision these models correspond to (migrations/versions/). When the
 # extension creates the tables itself, it records this revision so that a later
 # ``flask db upgrade`` continues from here; tests/test_migrations.py keeps it in step.
-SCHEMA_REVISION = "0003_concurrency_units"
+SCHEMA_REVISION = "0004_ledger_webhooks"
 
 metadata = MetaData(
     naming_convention={
@@ -315,3 +319,64 @@ class QuotaMeta(Model):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     version: Mapped[int] = mapped_column(BigInteger, default=1)
+
+
+CALLER_MAX = 200  # a longer identity is filed under its digest (ledger.caller_of)
+
+
+class UsageRow(Model):
+    """The ledger (``QUOTA_LEDGER``): one caller's use of one resource on one day (in
+    ``QUOTA_TIMEZONE``). ``resource`` ``''`` counts the caller's requests themselves
+    (what the global, tenant and user tiers count); a named one, the units its endpoint
+    limit charged (after refunds and settlement). ``tenant`` ``''``: none."""
+
+    __tablename__ = "quota_usage"
+    __table_args__ = (
+        UniqueConstraint("day", "caller", "tenant", "resource"),
+        Index(None, "caller", "day"),
+        Index(None, "tenant", "day"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    day: Mapped[date] = mapped_column(Date)
+    caller: Mapped[str] = mapped_column(String(CALLER_MAX))  # a client's id, or an identity
+    tenant: Mapped[str] = mapped_column(String(validators.TENANT_MAX), default="")
+    resource: Mapped[str] = mapped_column(String(64), default="")
+    units: Mapped[int] = mapped_column(BigInteger, default=0)  # admitted and kept
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)  # admitted
+    denied: Mapped[int] = mapped_column(BigInteger, default=0)  # refused (429)
+
+
+class LedgerFlush(Model):
+    """A ledger flush that committed: its id is written in the flush's own transaction,
+    so a flush retried after an unclear failure (a commit whose answer was lost) is
+    recognised and not counted twice. Rows older than a day are deleted."""
+
+    __tablename__ = "quota_usage_flushes"
+    __table_args__ = (Index(None, "at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class WebhookEvent(Model):
+    """An event waiting to be sent to ``QUOTA_WEBHOOK_URL``, or sent, or given up on
+    (the outbox). ``id`` is the event's own (receivers de-duplicate by it); a sender
+    claims a due row by moving ``locked_until`` (one sender per event at a time)."""
+
+    __tablename__ = "quota_webhook_events"
+    __table_args__ = (
+        Index(None, "status", "next_attempt_at"),
+        CheckConstraint("status IN ('pending', 'delivered', 'failed')", name="status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    type: Mapped[str] = mapped_column(String(32))
+    created: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    locked_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

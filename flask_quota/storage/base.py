@@ -168,6 +168,10 @@ class Storage(Protocol):
     def block_info(self, key: str) -> str | None:
         """The ``info`` held at the block ``key``, or ``None`` when it is not blocked."""
 
+    def claim(self, key: str, seconds: int) -> bool:
+        """Hold ``key`` for ``seconds`` if nobody holds it: True for the one caller, of all
+        the workers sharing the storage, that took it (an alert told once per period)."""
+
     def holders(self, key: str) -> list[str]:
         """The live members of the lease set ``key`` (an operator's view: a concurrency
         limit's or the fleet capacity's requests in flight)."""

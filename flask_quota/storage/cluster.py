@@ -227,6 +227,9 @@ class ClusterStorage:
             return info.decode("utf-8", "replace")
         return info  # None, or a str from a client made with decode_responses
 
+    def claim(self, key: str, seconds: int) -> bool:
+        return bool(self._connected()[0].set(key, "1", nx=True, ex=seconds))
+
     def holders(self, key: str) -> list[str]:
         client = self._connected()[0]
         now = self._clock() if self._clock is not None else None

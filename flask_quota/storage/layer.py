@@ -44,6 +44,9 @@ class Layer:
     def block_info(self, key: str) -> str | None:
         return self.storage.block_info(key)
 
+    def claim(self, key: str, seconds: int) -> bool:
+        return self.storage.claim(key, seconds)
+
     def holders(self, key: str) -> list[str]:
         return self.storage.holders(key)
 

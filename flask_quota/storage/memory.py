@@ -145,6 +145,16 @@ class MemoryStorage:
             info: str = found[0][1]
             return info
 
+    def claim(self, key: str, seconds: int) -> bool:
+        with self._lock:
+            now = self._clock()
+            found = self._data.get(key)
+            if found is not None and found[1] > now:
+                return False
+            until = now + seconds * 1_000_000
+            self._store(key, (until, "claimed"), until - now, now)
+            return True
+
     def holders(self, key: str) -> list[str]:
         with self._lock:
             now = self._clock()

@@ -353,6 +353,9 @@ class RedisStorage:
             return info.decode("utf-8", "replace")
         return info  # None, or a str from a client made with decode_responses
 
+    def claim(self, key: str, seconds: int) -> bool:
+        return bool(self.client.set(key, "1", nx=True, ex=seconds))
+
     def holders(self, key: str) -> list[str]:
         now = self._clock() if self._clock is not None else None
         return read_holders(self.client, key, now)

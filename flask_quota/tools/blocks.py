@@ -12,7 +12,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from ..blocking import block_info
+from ..blocking import block_info, blocked_event
 from ..core.clock import US, ceil_seconds
 from ..core.keys import Tag
 from ..core.policy import gate_check
@@ -70,6 +70,7 @@ def block(
     for tag in tags:
         with admin.audited("block", tag, None, entry):
             state.storage.block(state.policy.keys.block_key(tag), seconds, info)
+        blocked_event(state, tag, seconds, reason, admin.actor)
     return tags
 
 
