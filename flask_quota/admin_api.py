@@ -21,6 +21,7 @@ from .core.policy import gate_check
 from .core.priority import Priority, class_limits
 from .core.tiers import Tier
 from .core.validators import DEFAULT_UNIT, tenant_name
+from .reports import UnknownCaller, UsageReport, usage_report
 from .sql.admin import ClientInfo, PlanInfo, QuotaAdmin
 from .sql.errors import (
     PLANS_READ_ONLY,
@@ -74,6 +75,8 @@ __all__ = [
     "TablesMissing",
     "Tag",
     "TierCheck",
+    "UnknownCaller",
+    "UsageReport",
     "block",
     "bucket_units",
     "caller_checks",
@@ -94,6 +97,7 @@ __all__ = [
     "tenant_checks",
     "tenant_name",
     "unblock",
+    "usage_report",
     "wall_clock_us",
 ]
 
