@@ -636,3 +636,41 @@ def test_pages_load_their_icon_and_nothing_is_missing(demo: Demo, page: Page) ->
     icons = [status for url, status in responses if url.endswith("/static/favicon.svg")]
     assert icons and set(icons) == {200}, responses
     assert [r for r in responses if r[1] == 404] == []
+
+
+def test_a_clients_usage_page_charts_its_days_and_downloads_them(demo: Demo, page: Page) -> None:
+    """A client made on the Clients page calls the API with its key; its Usage link opens
+    a page whose chart has a bar for today, whose totals count the calls, and whose CSV
+    link downloads those days; at 390 px it does not scroll sideways."""
+    page.goto(demo.url("/clients"))
+    page.get_by_label("Name").fill("usage-probe")
+    page.get_by_role("button", name="Create and show its key").click()
+    key = page.locator("#new-key").inner_text().strip()
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for _ in range(3):
+        request = urllib.request.Request(
+            demo.base + "/infer", method="POST", headers={"X-API-Key": key}
+        )
+        with opener.open(request, timeout=5) as response:
+            assert response.status == 200
+    page.goto(demo.url("/clients"))
+    page.locator("tr", has_text="usage-probe").get_by_role("link", name="Usage", exact=True).click()
+    expect(page.locator("#usage-caller")).to_have_text("usage-probe")
+    # The ledger's writer flushes every QUOTA_SYNC_INTERVAL: reload until the calls show.
+    for _ in range(50):
+        if "3" in page.locator("#usage-totals").inner_text():
+            break
+        page.wait_for_timeout(200)
+        page.reload()
+    totals = page.locator("#usage-totals").inner_text()
+    assert "ai" in totals and "3" in totals, totals
+    assert page.locator("svg rect").count() > 0  # the chart's bars, drawn on the server
+    with page.expect_download() as download:
+        page.locator("#usage-csv").click()
+    csv_text = Path(download.value.path()).read_text()
+    assert csv_text.splitlines()[0] == "day,resource,units,requests,denied"
+    assert any(line.endswith(",ai,3,3,0") for line in csv_text.splitlines()), csv_text
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.reload()
+    width = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    assert width[0] <= width[1], width

@@ -51,6 +51,7 @@ def create_app(env: Mapping[str, str] | None = None) -> Flask:
         {
             "QUOTA_DASHBOARD_URL": "/quota",
             "QUOTA_PLANS": json.dumps(DEMO_PLANS),
+            "QUOTA_LEDGER": "true",  # the usage pages chart what it records
             **{k: v for k, v in env.items() if k.startswith("QUOTA_")},
             "QUOTA_DASHBOARD_USERS": {
                 env.get("DASHBOARD_DEMO_USER", "ops"): generate_password_hash(password)
