@@ -79,12 +79,11 @@ def writes(redis_url: str, rate: float, seconds: float, folder: Path) -> dict[st
     def seen(_c: Any, _cur: Any, sql: str, params: Any, _ctx: Any, many: bool) -> None:
         verb = sql.lstrip().split()[0].upper()
         if verb in ("INSERT", "UPDATE", "DELETE"):
+            if "quota_usage_flushes" in sql and verb == "INSERT":  # a flush begins
+                flushes.append(current.copy())  # the one before it, complete
+                current.clear()
             current["statements"] = current.get("statements", 0) + 1
             current["rows"] = current.get("rows", 0) + (len(params) if many else 1)
-            if "quota_usage_flushes" in sql and verb == "INSERT":  # a flush begins
-                flushes.append(current.copy())
-                current.clear()
-                current["statements"], current["rows"] = 1, 1
 
     sent = 0
     start = time.monotonic()
