@@ -30,6 +30,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -56,6 +57,7 @@ Counts = dict[Key, list[int]]
 REQUESTS = ""  # the resource under which a caller's requests themselves are counted
 _US_PER_MINUTE = 60_000_000
 _FLUSH_IDS_KEPT = timedelta(days=1)  # a retry comes within seconds; a day is plenty
+WARN_EVERY = 60.0  # seconds between two warnings of a failing write
 
 
 def caller_of(identity_id: str) -> str:
@@ -114,6 +116,7 @@ class Ledger:
         self._thread_pid: int | None = None
         self._day: tuple[int, date] = (-1, date.min)  # (minute, its day): the usual lookup
         self._pruned = datetime.min.replace(tzinfo=UTC)
+        self._warned = -WARN_EVERY  # time.monotonic() of the last warning
 
     # -- the request side -------------------------------------------------------
 
@@ -205,14 +208,17 @@ class Ledger:
                     self._pruned = now
             return True
         except Exception as exc:  # the database is away: kept, retried next interval
-            log.warning(
-                "flask-quota: the usage ledger could not be written (%s: %s); %d rows and %d "
-                "events wait for the next try",
-                type(exc).__name__,
-                str(exc).splitlines()[0][:200] if str(exc) else "",
-                len(batch.counts),
-                len(batch.events),
-            )
+            now_s = time.monotonic()
+            if now_s - self._warned >= WARN_EVERY:  # a dead database logs once a minute
+                self._warned = now_s
+                log.warning(
+                    "flask-quota: the usage ledger could not be written (%s: %s); %d rows "
+                    "and %d events wait for the next try",
+                    type(exc).__name__,
+                    str(exc).splitlines()[0][:200] if str(exc) else "",
+                    len(batch.counts),
+                    len(batch.events),
+                )
             return False
 
     def poke(self) -> None:

@@ -153,10 +153,11 @@ def test_a_retried_flush_counts_once(
 
 
 def test_the_database_down_loses_nothing_and_counts_nothing_twice(
-    tmp_path: Path, close_sql: Callable[[Flask], Flask]
+    tmp_path: Path, close_sql: Callable[[Flask], Flask], caplog: pytest.LogCaptureFixture
 ) -> None:
     """While the ledger's database cannot be written, flushes fail and their counts
-    wait (requests go on); once it is back, every count is written exactly once."""
+    wait (requests go on), with one warning, not one per flush; once it is back, every
+    count is written exactly once."""
     url = f"sqlite:///{tmp_path}/ledger.sqlite3"
     app = close_sql(Flask(__name__, instance_path=str(tmp_path / "instance")))
     ledger_app(app, url)
@@ -168,9 +169,12 @@ def test_the_database_down_loses_nothing_and_counts_nothing_twice(
     real = ledger.engine
     broken = create_engine(f"sqlite:///{tmp_path}/missing/dir/x.sqlite3")
     ledger.engine = lambda: broken
+    caplog.clear()
     for _ in range(5):
         assert http.post("/complete?cost=10", headers={"X-User": "ada"}).status_code == 200
         assert not ledger.flush()  # kept, as the failed batch
+    warned = [r for r in caplog.records if "usage ledger could not be written" in r.message]
+    assert len(warned) == 1, warned
     ledger.engine = real
     assert ledger.flush()
     assert rows(app)[(TODAY, "ada", "", "tokens")] == (60, 6, 0)
