@@ -40,6 +40,7 @@ from flask_quota.admin_api import (
 from . import chart, data, session
 from .admin_views import ADMIN_ROUTES, admin, client_id_of, database_errors
 from .auth import Authenticator, auth_from_config
+from .network_views import NETWORK_ROUTES
 from .session import flash
 from .tenant_views import TENANT_ROUTES
 from .usage_views import USAGE_ROUTES
@@ -132,7 +133,7 @@ def make_blueprint() -> Blueprint:
     # and a database that cannot answer gives a page that says so, never a 500.
     for rule, view, methods in ROUTES:
         bp.add_url_rule(rule, view_func=exempt(database_errors(view)), methods=methods)
-    for rule, view, methods in ADMIN_ROUTES + TENANT_ROUTES + USAGE_ROUTES:
+    for rule, view, methods in ADMIN_ROUTES + TENANT_ROUTES + USAGE_ROUTES + NETWORK_ROUTES:
         bp.add_url_rule(rule, view_func=exempt(view), methods=methods)
     return bp
 

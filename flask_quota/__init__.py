@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from .core.algorithms import Algorithm
-from .core.errors import CallerBlocked, InvalidApiKey, QuotaExceeded, QuotaUnavailable
+from .core.errors import (
+    CallerBlocked,
+    InvalidApiKey,
+    NetworkDenied,
+    QuotaExceeded,
+    QuotaUnavailable,
+)
 from .core.identity import Identity
 from .core.plans import Plan, PlanCatalog
 from .core.rates import Rate, parse_rate
@@ -15,6 +21,7 @@ __all__ = [
     "CallerBlocked",
     "Identity",
     "InvalidApiKey",
+    "NetworkDenied",
     "Plan",
     "PlanCatalog",
     "Quota",

@@ -16,13 +16,14 @@ from .core.clock import US, seconds_until, wall_clock_us
 from .core.identity import client_ip
 from .core.keys import KeyBuilder, Tag
 from .core.near import is_near
+from .core.networks import ACTIONS as NETWORK_ACTIONS
 from .core.plans import Plan
 from .core.policy import gate_check
 from .core.priority import Priority, class_limits
 from .core.tiers import Tier
 from .core.validators import DEFAULT_UNIT, tenant_name
 from .reports import UnknownCaller, UsageReport, usage_report
-from .sql.admin import ClientInfo, PlanInfo, QuotaAdmin
+from .sql.admin import ClientInfo, NetworkInfo, PlanInfo, QuotaAdmin
 from .sql.errors import (
     PLANS_READ_ONLY,
     AdminError,
@@ -31,7 +32,7 @@ from .sql.errors import (
     TablesMissing,
     sql_reason,
 )
-from .sql.inputs import parse_duration
+from .sql.inputs import lifetime, parse_duration
 from .sql.models import Client
 from .state import QuotaState, get_state
 from .storage import Check, MemoryStorage, Storage, StorageError
@@ -52,6 +53,7 @@ from .views import exempt, limited_endpoints
 
 __all__ = [
     "HOUR",
+    "NETWORK_ACTIONS",
     "PLANS_READ_ONLY",
     "SHADOW_DENIED",
     "US",
@@ -66,6 +68,7 @@ __all__ = [
     "Mark",
     "MemoryStorage",
     "MinuteUsage",
+    "NetworkInfo",
     "PlanInfo",
     "PlansReadOnly",
     "QuotaAdmin",
@@ -86,6 +89,7 @@ __all__ = [
     "get_state",
     "is_near",
     "is_tag",
+    "lifetime",
     "list_blocks",
     "overload_status",
     "parse_duration",

@@ -1,7 +1,9 @@
 """The request edge: what flask-quota does for one request, from its hook to its headers.
 
-- **before**: who calls (``identify``), the request's facts (``core.facts.facts_of``:
-  the view's limits, their callables asked), ``Enforcer.decide``; what is decided
+- **before**: who calls (``identify``), the operators' network rules (``networks.check``:
+  a denied network's 403, an allowed one's pass on the global tier), the request's facts
+  (``core.facts.facts_of``: the view's limits, their callables asked),
+  ``Enforcer.decide``; what is decided
   is kept in one ``RequestQuota`` on ``g`` (``g._flask_quota``), the one attribute
   flask-quota sets there.
 - **after**: the response's rate-limit headers (``Route.headers``, settled when the
@@ -40,6 +42,7 @@ from .core.priority import Priority
 from .core.status import caller_status
 from .core.tiers import Tier
 from .ledger import period_usage
+from .networks import check as check_network
 from .overload import Ticket
 from .settings import Settings
 from .sql.errors import KeysUnavailable
@@ -181,6 +184,9 @@ def before_hook(
             _warn_no_proxy_fix(state, req)
         shedder = state.shedder
         ip_tag = remote_ip_tag(req.remote_addr)
+        # Operators' network rules (``networks``): a denied network's 403 here, before any
+        # storage call; an allowed one's route has no global tier. No rules: one check.
+        allowed = state.sql.networks is not None and check_network(state, req.remote_addr)
         try:
             if shedder is None:  # overload protection off (the usual case)
                 facts = facts_of(method, endpoint, ip_tag, identity, specs)
@@ -189,6 +195,8 @@ def before_hook(
                 # Shed here (503), or a ticket: its slot in the worker, given back at the end.
                 current().ticket = shedder.admit(priority, environ.get("HTTP_X_REQUEST_START"))
                 facts = facts_of(method, endpoint, ip_tag, identity, specs, priority)
+            if allowed:
+                facts.allowed = True
             decided = state.enforcer.decide(facts, _keep)
         except QuotaExceeded as exc:
             # Noted so the after-request hook can give its Retry-After to a response

@@ -472,16 +472,35 @@ class Quota:
         address. The caller's 429 says an operator blocked it, and gives ``reason`` only
         when ``public``. Audited (actor ``api``) before the storage changes. Needs an app
         context.
+
+        ``ip`` may be a network (``"203.0.113.0/24"``, ``"2001:db8::/48"``): it is denied
+        for ``seconds`` as a timed network rule (403 ``"tier": "network"``, audited as
+        ``network.deny``, in every worker within the sync interval), and its CIDR is
+        among the returned tags. A /32 or /128 is the plain address.
         """
         state = get_state()
-        caller = inspection.Caller.of(identity, ip)
-        return blocks.block(state, caller, seconds, reason, "api", public=public)
+        address, network = blocks.split_ip(ip)
+        denied: list[str] = []
+        if network is not None:  # first: its arguments are checked before anything changes
+            denied = [blocks.block_network(state, network, seconds, reason, "api", public=public)]
+        if network is None or identity is not None:
+            caller = inspection.Caller.of(identity, address)
+            return blocks.block(state, caller, seconds, reason, "api", public=public) + denied
+        return denied
 
     def unblock(self, identity: str | None = None, ip: str | None = None) -> list[str]:
         """Lift ``block``'s blocks (in every worker within the sync interval); returns
-        the tags that were blocked. Audited before the storage changes."""
+        the tags that were blocked. Audited before the storage changes. A network ``ip``
+        (``"203.0.113.0/24"``) lifts that network's denial, and returns its CIDR if it
+        was denied."""
         state = get_state()
-        return blocks.unblock(state, inspection.Caller.of(identity, ip), "api")
+        address, network = blocks.split_ip(ip)
+        lifted: list[str] = []
+        if network is None or identity is not None:
+            lifted = blocks.unblock(state, inspection.Caller.of(identity, address), "api")
+        if network is not None:
+            lifted += blocks.unblock_network(state, network, "api")
+        return lifted
 
     def blocks(self) -> list[Block]:
         """Every live block, automatic or by hand. Needs an app context."""

@@ -63,6 +63,18 @@ def test_cli_block_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
         assert list_blocks(get_state(app)) == []
 
 
+def test_cli_block_refuses_a_network_and_names_the_networks_command(tmp_path: Path) -> None:
+    """`flask quota block --ip 203.0.113.0/24` exits 1 naming `networks deny`, nothing
+    blocked or audited; `--ip 203.0.113.9/32` is that one address (taken as one: only
+    the memory storage's own refusal stops it here)."""
+    app = dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH})
+    code, out = cli(app, "block", "--ip", "203.0.113.0/24", "--for", "10m", "--actor", "kim")
+    assert code == 1 and "flask quota networks deny 203.0.113.0/24" in out, out
+    assert audit(app) == []
+    code, out = cli(app, "block", "--ip", "203.0.113.9/32", "--for", "10m", "--actor", "kim")
+    assert code == 1 and "networks deny" not in out and "memory://" in out, out
+
+
 def test_dashboard_blocks_page_lists_and_unblocks_with_csrf(tmp_path: Path) -> None:
     """The Blocks page (linked in the nav) lists blocks; its Unblock button needs the CSRF
     token, is audited under the operator, and serves the caller again."""

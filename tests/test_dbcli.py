@@ -133,7 +133,8 @@ def test_upgrade_says_what_it_did_in_one_line_and_is_quiet_unless_asked(
     assert "Running upgrade  -> 0001_quota_tables" in first.stderr  # each revision in turn
     assert "Running upgrade 0001_quota_tables -> 0002_tenants" in first.stderr
     assert "Running upgrade 0002_tenants -> 0003_concurrency_units" in first.stderr
-    assert f"Running upgrade 0003_concurrency_units -> {SCHEMA_REVISION}" in first.stderr
+    assert "Running upgrade 0003_concurrency_units -> 0004_ledger_webhooks" in first.stderr
+    assert f"Running upgrade 0004_ledger_webhooks -> {SCHEMA_REVISION}" in first.stderr
     again = project.run("quota", "db", "upgrade")
     assert again.code == 0 and again.stderr == "", again.output
     assert again.stdout == f"quota tables already at {SCHEMA_REVISION}; nothing to do\n"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import pytest
 from flask import Flask, Response, request, stream_with_context
 from sqlalchemy import Engine, create_engine, event, select
 from sqlalchemy.orm import Session

@@ -13,6 +13,7 @@ from flask.cli import AppGroup
 from .blocks import block, blocks_cli, unblock
 from .clients import clients_cli
 from .db import db_cli
+from .networks import networks_cli
 from .overrides import overrides_cli
 from .plans import plans_cli
 from .routes import routes
@@ -29,6 +30,7 @@ for command in (
     clients_cli,
     overrides_cli,
     blocks_cli,
+    networks_cli,
     db_cli,
     webhooks_cli,
     usage,

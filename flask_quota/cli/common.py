@@ -22,6 +22,7 @@ from ..sql.store import SqlStore
 from ..state import QuotaState, get_state
 from ..storage import StorageError
 from ..tools import inspection
+from ..tools.blocks import split_ip
 
 __all__ = [
     "RAW",
@@ -114,8 +115,16 @@ def when(moment: datetime | None) -> str:
 
 
 def caller_of(identity: str | None, ip: str | None) -> inspection.Caller:
+    """The caller of ``IDENTITY``/``--ip``; ``--ip`` is one address (its /32 or /128 too):
+    a network is refused with the command that denies one."""
     try:
-        return inspection.Caller.of(identity, ip)
+        address, network = split_ip(ip)
+        if network is not None:
+            raise AdminError(
+                f"--ip takes one address, not the network {network}: deny a network with "
+                f"`flask quota networks deny {network} --for 10m`"
+            )
+        return inspection.Caller.of(identity, address)
     except ValueError as exc:
         raise AdminError(str(exc)) from None
 

@@ -37,10 +37,13 @@ log = logging.getLogger("flask_quota")
 ROUTES = 4096  # routes per generation of the route cache
 # (plan id, endpoint, method, cost, no limit?, tenant?, shape): ``shape`` is None for a
 # view with one literal-rate limit (the endpoint says which), else its limits and costs.
-# A request of a class (overload protection's fleet capacity) adds its priority.
+# A request of a class (overload protection's fleet capacity) adds its priority. A request
+# from an allowed network (``Facts.allowed``) adds its priority (or None) and True: its
+# route has no global tier, and its key's length keeps it apart from every other's.
 RouteKey = (
     tuple[int, str | None, str, int, bool, bool, object]
     | tuple[int, str | None, str, int, bool, bool, object, Priority]
+    | tuple[int, str | None, str, int, bool, bool, object, Priority | None, bool]
 )
 
 # What ``DecisionObserver.unavailable`` is told: the storage could not answer, and
@@ -228,7 +231,7 @@ class Enforcer:
         priority = facts.priority if self.policy.capacity is not None else None
         route = self.route(
             catalog, plan, facts.endpoint, facts.method, spec, resource, facts.cost,
-            tenant=tenant is not None, more=more, priority=priority,
+            tenant=tenant is not None, more=more, priority=priority, allowed=facts.allowed,
         )  # fmt: skip
         if not route.tiers:
             return None
@@ -548,11 +551,13 @@ class Enforcer:
         tenant: bool = False,
         more: tuple[Limit, ...] = (),
         priority: Priority | None = None,
+        allowed: bool = False,
     ) -> Route:
         """The request's ``Route``, built on first use (``plan`` comes from ``catalog``);
         ``tenant``: the caller has a tenant and the plan a tenant tier; ``more``: a
         stacked view's further limits (``Facts.more``); ``priority``: the request's class
-        (the fleet's capacity check, ``QUOTA_CAPACITY``)."""
+        (the fleet's capacity check, ``QUOTA_CAPACITY``); ``allowed``: the caller's
+        network is allowed, so the route has no global tier (``Facts.allowed``)."""
         if catalog is not self.routes_of:
             self.routes.clear()
             self.routes_of = catalog
@@ -560,7 +565,9 @@ class Enforcer:
         if more or (spec is not None and (spec.rate_of is not None or spec.stacked)):
             shape = (spec, tuple((s, c) for s, c, _ in more))  # rates and costs of each
         key: RouteKey
-        if priority is None:
+        if allowed:  # keyed apart: never served to a request that has the global tier
+            key = (id(plan), endpoint, method, cost, spec is None, tenant, shape, priority, True)
+        elif priority is None:
             key = (id(plan), endpoint, method, cost, spec is None, tenant, shape)
         else:
             key = (id(plan), endpoint, method, cost, spec is None, tenant, shape, priority)
@@ -587,21 +594,23 @@ class Enforcer:
         if found is None or found.plan is not plan:
             _, endpoint, method, cost, _, tenant, shape = key[:7]
             priority = key[7] if len(key) > 7 else None
+            allowed = len(key) > 8  # an allowed network's route: no global tier
             if shape is not None:  # stacked limits or a callable rate: built as they are
                 found = build_route(
                     self.policy, plan, method=method, spec=spec, resource=resource, cost=cost,
                     tenant=tenant, near=self.near, more=shape[1],  # type: ignore[index]
-                    priority=priority, alerts=self.alerts,
+                    priority=priority, alerts=self.alerts, allowed=allowed,
                 )  # fmt: skip
             elif cost == 1:
                 found = build_route(
                     self.policy, plan, method=method, spec=spec, resource=resource, cost=1,
                     tenant=tenant, near=self.near, priority=priority, alerts=self.alerts,
+                    allowed=allowed,
                 )  # fmt: skip
             else:
                 unit = self.route(
                     catalog, plan, endpoint, method, spec, resource, 1, tenant=tenant,
-                    priority=priority,
+                    priority=priority, allowed=allowed,
                 )  # fmt: skip
                 found = unit.costing(cost)
             self.routes.put(key, found)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from werkzeug.exceptions import HTTPException, ServiceUnavailable, TooManyRequests, Unauthorized
+from werkzeug.exceptions import (
+    Forbidden,
+    HTTPException,
+    ServiceUnavailable,
+    TooManyRequests,
+    Unauthorized,
+)
 
 from .algorithms import Outcome
 from .clock import ceil_seconds
@@ -18,6 +24,7 @@ __all__ = [
     "PROBLEM_TYPE",
     "CallerBlocked",
     "InvalidApiKey",
+    "NetworkDenied",
     "QuotaExceeded",
     "QuotaUnavailable",
     "RequestShed",
@@ -307,6 +314,41 @@ class RequestShed(_Problem, ServiceUnavailable):
 
     def extra_headers(self) -> list[tuple[str, str]]:
         """``Retry-After`` in whole seconds, at least 1."""
+        return [(RETRY_AFTER, str(self.retry_after))]
+
+
+class NetworkDenied(_Problem, Forbidden):
+    """The caller's address is in a network an operator denied (``flask quota networks
+    deny``, ``quota.block(ip=CIDR)``, the dashboard's Networks page): 403 with
+    ``"tier": "network"``. A timed denial adds ``Retry-After`` (and ``retry_after`` in the
+    body), the rest of the denial; one without an end has neither. Refused before any
+    storage call: no budget of the caller's was charged. ``network`` (the rule's CIDR) is
+    on the exception for the app's own handler and logs; the body does not name it."""
+
+    def __init__(self, network: str, retry_after: int | None = None) -> None:
+        if retry_after is None:
+            detail = "Requests from your network are refused by the operators of this service."
+        else:
+            detail = (
+                f"Requests from your network are refused by the operators of this service "
+                f"for {retry_after} more s."
+            )
+        super().__init__(detail)
+        self.tier = "network"
+        self.network = network
+        self.retry_after = retry_after
+
+    def problem(self) -> dict[str, Any]:
+        """The 403 problem body: RFC 9457 fields, ``tier`` and, when timed, the wait."""
+        body = {**super().problem(), "tier": self.tier}
+        if self.retry_after is not None:
+            body["retry_after"] = self.retry_after
+        return body
+
+    def extra_headers(self) -> list[tuple[str, str]]:
+        """``Retry-After`` (whole seconds, at least 1) for a timed denial only."""
+        if self.retry_after is None:
+            return []
         return [(RETRY_AFTER, str(self.retry_after))]
 
 

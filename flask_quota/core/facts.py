@@ -39,6 +39,9 @@ class Facts:
     more: tuple[Limit, ...] = ()
     # Its class, with overload protection on (``core.priority``); None: off.
     priority: Priority | None = None
+    # Its address is in a network operators allowed (``flask quota networks allow``): its
+    # route has no per-IP global tier. Set by the request edge (``flask_quota.networks``).
+    allowed: bool = False
 
 
 def limit_hooks(

@@ -338,7 +338,7 @@ class Policy:
         self,
         plan: Plan,
         *,
-        ip_tag: str,
+        ip_tag: str | None,
         identity_tag: str,
         method: str,
         spec: LimitSpec | None,
@@ -359,6 +359,7 @@ class Policy:
         requests, the endpoint tier counts the work a request asks for.
         ``endpoint_tag`` (from ``key=``) owns the endpoint bucket instead of the caller;
         ``tenant_tag`` (``KeyBuilder.tenant_tag``) is the caller's tenant, if it has one.
+        ``ip_tag`` None leaves the per-IP global tier out (a network operators allowed).
         """
         checks = self._caller_checks(plan, ip_tag, identity_tag, 1, tenant_tag)
         if spec is not None and resource is not None:

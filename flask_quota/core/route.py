@@ -1,6 +1,7 @@
 """A request's shape: everything about its checks that does not depend on the caller.
 
-For one (plan, endpoint, method, cost, with or without a tenant) the tiers, rates,
+For one (plan, endpoint, method, cost, with or without a tenant, from a network operators
+allowed or not: then without the global tier) the tiers, rates,
 algorithms, the block gate, the storage's encoded arguments and the constant parts
 of the headers are always the same; only the caller's tags in the keys change. A
 ``Route`` holds them, built once by ``Policy.checks`` itself (with placeholders for
@@ -307,11 +308,13 @@ def build_route(
     more: Sequence[tuple[LimitSpec, int]] = (),
     priority: Priority | None = None,
     alerts: tuple[float, ...] = (),
+    allowed: bool = False,
 ) -> Route:
     """The route of a request, from the policy's own checks with placeholder tags;
     ``tenant``: the caller has a tenant, so its tenant tier applies; ``near``:
     QUOTA_NEAR_LIMIT, the share whose crossing the route reports; ``more``: a stacked
-    view's further limits (each with its resource set) and their costs."""
+    view's further limits (each with its resource set) and their costs; ``allowed``: the
+    caller's network is allowed, so the per-IP global tier does not apply."""
     keyed_by = _MARKS[KEY] if spec is not None and spec.key is not None else None
     stacked = [
         (limit, limit.resource or "", weight, _owner_mark(n) if limit.key is not None else None)
@@ -319,7 +322,7 @@ def build_route(
     ]
     tiers = policy.checks(
         plan,
-        ip_tag=_MARKS[IP],
+        ip_tag=None if allowed else _MARKS[IP],
         identity_tag=_MARKS[WHO],
         method=method,
         spec=spec,

@@ -14,15 +14,16 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.orm.exc import StaleDataError
 
 from ..core.algorithms import Algorithm
+from ..core.networks import DENY, parse_network
 from ..core.plans import Plan, check_fit
 from ..core.rates import parse_rates
 from ..settings import PlansSource
@@ -34,19 +35,22 @@ from .mapping import (
     AuditInfo,
     ClientInfo,
     LimitInfo,
+    NetworkInfo,
     OverrideInfo,
     PlanInfo,
     audit_info,
     client_dict,
     client_info,
     limit_rows,
+    network_dict,
+    network_info,
     override_dict,
     override_info,
     plan_info,
     plan_info_of,
     plan_record,
 )
-from .models import AuditEntry, Client, Override, PlanLimit, PlanRecord, utcnow
+from .models import AuditEntry, Client, NetworkRecord, Override, PlanLimit, PlanRecord, utcnow
 from .store import SqlStore
 
 __all__ = [
@@ -55,6 +59,7 @@ __all__ = [
     "ChangeConflict",
     "ClientInfo",
     "LimitInfo",
+    "NetworkInfo",
     "OverrideInfo",
     "PlanInfo",
     "PlansReadOnly",
@@ -549,6 +554,91 @@ class QuotaAdmin:
 
         return self._change(apply, f"override {override_id}")
 
+    # -- networks -----------------------------------------------------------
+
+    def networks(self) -> list[NetworkInfo]:
+        """Every network rule in force (an expired one is left out, and deleted by the
+        next network change), IPv4 before IPv6, in address order."""
+        now = utcnow()
+        with self.store.session() as session:
+            bounded(session)
+            rows = session.scalars(select(NetworkRecord)).all()
+            found = [network_info(r) for r in rows if r.expires_at is None or r.expires_at > now]
+        return sorted(found, key=_network_order)
+
+    def set_network(
+        self,
+        cidr: str,
+        action: str,
+        *,
+        expires_in: timedelta | None = None,
+        reason: str | None = "",
+    ) -> NetworkInfo:
+        """Deny (``"deny"``: its requests get 403) or allow (``"allow"``: they skip the
+        per-IP global tier) a network, IPv4 or IPv6 (``203.0.113.0/24``; a bare address is
+        its /32 or /128), until ``expires_in`` from now if given. One rule per network:
+        this replaces the network's earlier rule, whatever it was (audited as
+        ``network.deny`` or ``network.allow``, with the rule before and after). Every
+        worker applies it within the sync interval."""
+        cidr_ = inputs.network(cidr)
+        action_ = inputs.network_action(action)
+        reason_ = inputs.network_reason(reason)
+        if expires_in is not None and expires_in <= timedelta(0):
+            raise AdminError("a network rule's expiry must be in the future")
+
+        def apply(session: Session) -> NetworkInfo:
+            now = utcnow()
+            _purge_networks(session, now)
+            row = session.scalar(select(NetworkRecord).where(NetworkRecord.cidr == cidr_))
+            before = None if row is None else network_dict(network_info(row))
+            if row is None:
+                row = NetworkRecord(cidr=cidr_)
+                session.add(row)
+            # Whole seconds, as MariaDB keeps them (the audit's "after" is what is stored);
+            # the expiry rounded up, so a rule lasts at least as long as asked.
+            row.action, row.reason = action_, reason_
+            row.created_at, row.created_by = now.replace(microsecond=0), self.actor
+            row.expires_at = _whole_second_after(now + expires_in) if expires_in else None
+            session.flush()
+            info = network_info(row)
+            self._audit(session, f"network.{action_}", info.target, before, network_dict(info))
+            return info
+
+        return self._change(apply, f"network {cidr_}")
+
+    def deny_network(
+        self, cidr: str, *, expires_in: timedelta | None = None, reason: str | None = ""
+    ) -> NetworkInfo:
+        """``set_network(cidr, "deny", ...)``: the network's requests get 403."""
+        return self.set_network(cidr, DENY, expires_in=expires_in, reason=reason)
+
+    def remove_network(
+        self, cidr: str, *, action: str | None = None, missing_ok: bool = False
+    ) -> NetworkInfo | None:
+        """Delete a network's rule (audited as ``network.remove``); returns what it was.
+        ``action``: only a rule that does this (``quota.unblock`` lifts denials only).
+        No such rule: ``AdminError``, or None with ``missing_ok``."""
+        cidr_ = inputs.network(cidr)
+        action_ = inputs.network_action(action) if action is not None else None
+
+        def apply(session: Session) -> NetworkInfo | None:
+            _purge_networks(session, utcnow())
+            row = session.scalar(select(NetworkRecord).where(NetworkRecord.cidr == cidr_))
+            if row is None or (action_ is not None and row.action != action_):
+                if missing_ok:
+                    raise _Unchanged
+                what = f"no {action_} rule" if action_ is not None else "no rule"
+                raise AdminError(f"{what} for network {cidr_} (flask quota networks list)")
+            info = network_info(row)
+            session.delete(row)
+            self._audit(session, "network.remove", info.target, network_dict(info), None)
+            return info
+
+        try:
+            return self._change(apply, f"network {cidr_}")
+        except _Unchanged:
+            return None
+
     # -- audit --------------------------------------------------------------
 
     def audit_log(self, limit: int = 50) -> list[AuditInfo]:
@@ -650,6 +740,32 @@ class QuotaAdmin:
 
 
 # -- lookups ------------------------------------------------------------------
+
+
+def _network_order(info: NetworkInfo) -> tuple[int, int, int]:
+    """IPv4 before IPv6, by address, the wider network first (a row edited by hand into
+    nonsense last)."""
+    try:
+        network = parse_network(info.cidr)
+    except ValueError:
+        return 7, 0, 0
+    return network.version, int(network.network_address), network.prefixlen
+
+
+def _whole_second_after(moment: datetime) -> datetime:
+    """``moment`` rounded up to a whole second."""
+    whole = moment.replace(microsecond=0)
+    return whole if whole == moment else whole + timedelta(seconds=1)
+
+
+def _purge_networks(session: Session, now: datetime) -> None:
+    """Delete the network rules that have expired: they match nothing any more (requests
+    check the expiry themselves), so this only keeps the table short."""
+    session.execute(
+        delete(NetworkRecord)
+        .where(NetworkRecord.expires_at.is_not(None), NetworkRecord.expires_at <= now)
+        .execution_options(synchronize_session=False)
+    )
 
 
 class _Unchanged(Exception):

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from ..core import validators
+from ..core.networks import ACTIONS, parse_network
 from .errors import AdminError
 
 __all__ = [
@@ -22,6 +23,10 @@ __all__ = [
     "client_name",
     "concurrency",
     "description",
+    "lifetime",
+    "network",
+    "network_action",
+    "network_reason",
     "parse_duration",
     "plan_name",
     "positive_id",
@@ -58,6 +63,55 @@ def parse_duration(text: str) -> timedelta:
             "leave the expiry out for an override that never expires"
         )
     return timedelta(seconds=seconds)
+
+
+def lifetime(text: str) -> timedelta:
+    """A rule's lifetime: whole seconds (``"600"``) or a duration (``"10m"``, ``"12h"``,
+    ``"7d"``), as ``parse_duration`` bounds it."""
+    raw = str(text).strip().lower()
+    if raw.isascii() and raw.isdigit() and len(raw) <= 9:
+        raw += "s"
+    match = _DURATION_RE.fullmatch(raw)
+    if match is None:
+        shown = str(text)[:30]
+        raise AdminError(f"malformed duration {shown!r}: give seconds (600) or e.g. 30m, 12h, 7d")
+    seconds = int(match.group("n")) * _UNIT_SECONDS[match.group("unit")]
+    if seconds <= 0:
+        raise AdminError(f"duration {text!r} must be positive")
+    if seconds > _MAX_DURATION_DAYS * 86400:
+        raise AdminError(
+            f"duration {text!r} is longer than {_MAX_DURATION_DAYS} days (about 10 years); "
+            "leave it out for a rule that lasts until removed"
+        )
+    return timedelta(seconds=seconds)
+
+
+def network(text: str) -> str:
+    """A network's normalised CIDR text (``10.1.2.3/8`` is ``10.0.0.0/8``; a bare
+    address is its /32 or /128)."""
+    return str(_checked(parse_network, text))
+
+
+def network_action(value: str) -> str:
+    """``deny`` or ``allow``."""
+    action = str(value).strip().lower()
+    if action not in ACTIONS:
+        raise AdminError(f"a network rule is deny or allow, not {str(value)[:20]!r}")
+    return action
+
+
+_NETWORK_REASON_MAX = 200
+
+
+def network_reason(value: str | None) -> str:
+    """Why a network is denied or allowed: one printable line, at most 200 characters."""
+    text = "" if value is None else str(value).strip()
+    if len(text) > _NETWORK_REASON_MAX or not text.isprintable():
+        raise AdminError(
+            f"a network's reason must be at most {_NETWORK_REASON_MAX} printable characters "
+            "on one line"
+        )
+    return text
 
 
 def _checked(check: Callable[..., T], *args: Any) -> T:

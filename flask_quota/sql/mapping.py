@@ -17,16 +17,18 @@ from typing import Any
 
 from ..core import validators
 from ..core.algorithms import Algorithm
+from ..core.networks import NetworkRule, parse_network
 from ..core.plans import Limit, LimitMode, Plan
 from ..core.rates import Rates, parse_rates
 from ..core.tiers import Tier
-from .models import AuditEntry, Client, Override, PlanLimit, PlanRecord
+from .models import AuditEntry, Client, NetworkRecord, Override, PlanLimit, PlanRecord
 from .snapshot import KeyEntry, OverrideRule
 
 __all__ = [
     "AuditInfo",
     "ClientInfo",
     "LimitInfo",
+    "NetworkInfo",
     "OverrideInfo",
     "PlanInfo",
     "audit_info",
@@ -34,6 +36,9 @@ __all__ = [
     "client_info",
     "key_entry",
     "limit_rows",
+    "network_dict",
+    "network_info",
+    "network_rule",
     "override_dict",
     "override_info",
     "override_rule",
@@ -168,6 +173,16 @@ def _parse_stored(text_: str, what: str) -> Rates | None:
         return None
 
 
+def network_rule(cidr: str, action: str, expires_at: datetime | None) -> NetworkRule | None:
+    """The snapshot's rule for a network row; ``None`` for a row edited into nonsense."""
+    try:
+        network = parse_network(cidr)
+        return NetworkRule(network, action, expires_at.timestamp() if expires_at else None)
+    except ValueError as exc:
+        log.error("flask-quota: ignoring network rule %r: %s", cidr[:60], exc)
+        return None
+
+
 def key_entry(
     client_id: int, plan: str, salt: str, digest: str, tenant: str | None = None
 ) -> KeyEntry:
@@ -232,6 +247,25 @@ class OverrideInfo:
     def target(self) -> str:
         """What the override is aimed at, as the audit log names it."""
         return f"tenant:{self.tenant}" if self.client_id is None else f"client:{self.client_id}"
+
+
+@dataclass(frozen=True)
+class NetworkInfo:
+    """An operator's network rule as listed: its normalised CIDR, ``deny`` or ``allow``,
+    why, when and by whom it was set, and when it ends (None: until removed)."""
+
+    id: int
+    cidr: str
+    action: str
+    reason: str
+    created_at: datetime
+    created_by: str
+    expires_at: datetime | None
+
+    @property
+    def target(self) -> str:
+        """The rule as the audit log names it."""
+        return f"network:{self.cidr}"
 
 
 @dataclass(frozen=True)
@@ -306,6 +340,21 @@ def override_info(row: Override) -> OverrideInfo:
 
 def override_dict(info: OverrideInfo) -> dict[str, Any]:
     data = asdict(info)
+    data["expires_at"] = info.expires_at.isoformat() if info.expires_at else None
+    return data
+
+
+def network_info(row: NetworkRecord) -> NetworkInfo:
+    return NetworkInfo(
+        row.id, row.cidr, row.action, row.reason or "", row.created_at, row.created_by,
+        row.expires_at,
+    )  # fmt: skip
+
+
+def network_dict(info: NetworkInfo) -> dict[str, Any]:
+    """A network rule as the audit log records it (its times as ISO text)."""
+    data = asdict(info)
+    data["created_at"] = info.created_at.isoformat()
     data["expires_at"] = info.expires_at.isoformat() if info.expires_at else None
     return data
 

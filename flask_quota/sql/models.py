@@ -1,4 +1,4 @@
-"""The SQL tables behind plans, clients, overrides and the audit log (``quota_*``).
+"""The SQL tables behind plans, clients, overrides, networks and the audit log (``quota_*``).
 
 The models use their own declarative base and ``MetaData`` rather than the
 host's ``db.Model``: an extension cannot know the host's ``db`` at import time.
@@ -40,6 +40,7 @@ __all__ = [
     "Client",
     "LedgerFlush",
     "Model",
+    "NetworkRecord",
     "Override",
     "PlanLimit",
     "PlanRecord",
@@ -55,7 +56,7 @@ __all__ = [
 # The Alembic revision these models correspond to (migrations/versions/). When the
 # extension creates the tables itself, it records this revision so that a later
 # ``flask db upgrade`` continues from here; tests/test_migrations.py keeps it in step.
-SCHEMA_REVISION = "0004_ledger_webhooks"
+SCHEMA_REVISION = "0005_networks"
 
 metadata = MetaData(
     naming_convention={
@@ -291,6 +292,31 @@ class Override(_TierRate, Model):
     @validates("tenant")
     def _check_tenant(self, key: str, value: str | None) -> str | None:
         return None if value is None else validators.tenant_name(value)
+
+
+CIDR_MAX = 49  # the longest normalised network text (an IPv6 one is at most 43)
+NETWORK_REASON_MAX = 200
+
+
+class NetworkRecord(Model):
+    """An operator's rule for a whole network: ``deny`` (its requests get 403) or
+    ``allow`` (they skip the per-IP global tier), until ``expires_at`` if set. ``cidr``
+    is the network's normalised text (``core.networks.parse_network``), one rule per
+    network; requests match them in-process (``core.networks.NetworkRules``)."""
+
+    __tablename__ = "quota_networks"
+    __table_args__ = (
+        UniqueConstraint("cidr"),
+        CheckConstraint("action IN ('deny', 'allow')", name="action"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cidr: Mapped[str] = mapped_column(String(CIDR_MAX))
+    action: Mapped[str] = mapped_column(String(8))
+    reason: Mapped[str] = mapped_column(String(NETWORK_REASON_MAX), default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(200))
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class AuditEntry(Model):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..core.generations import Generations
 from ..core.identity import Identity
+from ..core.networks import NetworkRules
 from ..core.plans import Limit, Plan, PlanCatalog
 from ..core.rates import Rate, Rates, parse_rates
 from ..core.tiers import Tier
@@ -71,7 +72,7 @@ def apply_overrides(plan: Plan, rules: Iterable[OverrideRule]) -> Plan:
 
 
 class SqlCatalog(PlanCatalog):
-    """Plans, API keys, clients and overrides as of one database ``version``.
+    """Plans, API keys, clients, overrides and network rules as of one database ``version``.
 
     ``resolve`` applies the caller's unexpired overrides: its tenant's, then its own
     (which win); expiry is checked against ``clock`` at request time, so an override
@@ -90,10 +91,14 @@ class SqlCatalog(PlanCatalog):
         clients: Mapping[str, str] | None = None,
         client_tenants: Mapping[str, str] | None = None,
         billing_days: Mapping[str, int] | None = None,
+        networks: NetworkRules | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(plans, upgrade_url=upgrade_url)
         self.version = version
+        # Operators' network rules (``quota_networks``); None when there are none, so the
+        # request edge pays one attribute check (``SqlStore.networks``).
+        self.networks = networks
         self._keys = dict(keys or {})  # display prefix -> candidates
         self._overrides = dict(overrides or {})  # client id -> rules
         self._tenant_overrides = dict(tenant_overrides or {})  # tenant -> rules

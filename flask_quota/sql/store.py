@@ -39,12 +39,13 @@ import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 from flask import Flask, has_app_context
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, inspect, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as SqlTimeout
@@ -52,13 +53,14 @@ from sqlalchemy.orm import Session, selectinload
 
 from ..core import validators
 from ..core.identity import Identity
+from ..core.networks import NetworkRules
 from ..core.plans import PlanCatalog
 from ..settings import Settings
 from . import schema
 from .engine import CONNECT_TIMEOUT, local_database_warning, own_engine, sqlite_write_lock
 from .errors import KeysUnavailable, one_line
-from .mapping import key_entry, override_rule, plan_from_record
-from .models import Client, Override, PlanRecord, QuotaMeta, copy_tables
+from .mapping import key_entry, network_rule, override_rule, plan_from_record
+from .models import Client, NetworkRecord, Override, PlanRecord, QuotaMeta, copy_tables, utcnow
 from .snapshot import KeyEntry, OverrideRule, SqlCatalog
 from .sync import FIRST_LOAD_GRACE, STALE_AFTER, Sync, SyncHealth, supervise
 
@@ -71,9 +73,12 @@ log = logging.getLogger("flask_quota")
 
 DEFAULT_DATABASE_FILE = "flask_quota.sqlite3"
 
+_NetworkRows = tuple[tuple[str, str, datetime | None], ...]  # (cidr, action, expires_at)
+
 
 class SqlStore:
-    """Plans, clients and overrides in SQL, served to requests from a snapshot.
+    """Plans, clients, overrides and network rules in SQL, served to requests from a
+    snapshot.
 
     With ``db`` (the host's Flask-SQLAlchemy) the tables live in the host's
     database and the host creates them (migrations or ``db.create_all()``).
@@ -108,6 +113,9 @@ class SqlStore:
         self._engine: Engine | None = None
         self._current: SqlCatalog | None = None  # served while this process's sync runs
         self._last: SqlCatalog | None = None  # the newest snapshot loaded (kept at fork)
+        # The newest snapshot's network rules, None when it has none: what the request
+        # edge reads (``flask_quota.networks``), one attribute, set with ``_last``.
+        self.networks: NetworkRules | None = None
         self._fresh_at: float | None = None  # monotonic time it was last confirmed current
         self._sync: Sync | None = None
         self._ready = False
@@ -115,6 +123,9 @@ class SqlStore:
         self._ready_error: BaseException | None = None
         self._warned_local = False
         self._warned_keys = False
+        self._warned_networks = False
+        # The network rows last loaded, and the rules made of them (see ``_networks``).
+        self._network_rows: tuple[_NetworkRows, NetworkRules | None] | None = None
         self._lock = threading.Lock()  # guards the engine
         self._start_lock = threading.Lock()  # one sync per process
         self._swap_lock = threading.Lock()  # never replace a snapshot with an older one
@@ -430,9 +441,12 @@ class SqlStore:
                     overrides[str(row.client_id)].append(rule)
                 elif row.tenant is not None:
                     tenant_overrides[row.tenant].append(rule)
+            networks = self._networks(session)
         if not plans:
             configured = list(self.settings.plans.values())
-            return SqlCatalog(configured, upgrade_url=self.settings.upgrade_url, version=-1)
+            return SqlCatalog(
+                configured, upgrade_url=self.settings.upgrade_url, version=-1, networks=networks
+            )
         for key in ("default_plan", "anonymous_plan"):
             name = getattr(self.settings, key)
             if name not in {plan.name for plan in plans}:
@@ -450,7 +464,44 @@ class SqlStore:
             clients=clients,
             client_tenants=client_tenants,
             billing_days=billing_days,
+            networks=networks,
         )
+
+    def _networks(self, session: Session) -> NetworkRules | None:
+        """The unexpired network rules, matched by requests in-process; None for none.
+
+        The host's database (``db=``) may predate the table: its plans and keys still
+        load, and the network rules are off (said once) until its migration adds it."""
+        if not self.owns_engine and not inspect(session.connection()).has_table(
+            NetworkRecord.__tablename__
+        ):
+            if not self._warned_networks:
+                self._warned_networks = True
+                log.warning(
+                    "flask-quota: the database of Quota(app, db=db) has no %s table, so "
+                    "network rules are off: run `flask db migrate -m 'quota networks'` and "
+                    "`flask db upgrade`",
+                    NetworkRecord.__tablename__,
+                )
+            return None
+        now = utcnow()
+        columns = (NetworkRecord.cidr, NetworkRecord.action, NetworkRecord.expires_at)
+        rows = tuple(
+            (cidr, action, expires_at)
+            for cidr, action, expires_at in session.execute(
+                select(*columns).order_by(NetworkRecord.id)
+            )
+            if expires_at is None or expires_at > now
+        )
+        # A reload for another table's change keeps the rules it has: parsing and indexing
+        # 100,000 of them costs a worker about a second.
+        kept = self._network_rows
+        if kept is not None and kept[0] == rows:
+            return kept[1]
+        rules = [rule for row in rows if (rule := network_rule(*row)) is not None]
+        networks = NetworkRules(rules) if rules else None
+        self._network_rows = (rows, networks)
+        return networks
 
     def version(self) -> int:
         """The version number every change bumps."""
@@ -482,6 +533,7 @@ class SqlStore:
                 return
             moved = last is not None and snapshot.version != last.version
             self._last = snapshot
+            self.networks = snapshot.networks
             if self._sync is not None:
                 self._current = snapshot
         if moved:

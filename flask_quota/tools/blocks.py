@@ -4,6 +4,10 @@ the dashboard's (a block on the request path is ``flask_quota/blocking.py``).
 Each change is audited here before it is made (a storage call that fails adds
 ``<action>.failed``), and an unblock bumps the SQL version so that every worker's deny
 cache forgets the block within the sync interval.
+
+``ip`` may name a network (``split_ip``): a CIDR shorter than one address is blocked as
+a timed denial of that network (a ``quota_networks`` row, ``block_network``), lifted by
+``unblock_network``; a plain address (or its /32, /128) is blocked as the caller it is.
 """
 
 from __future__ import annotations
@@ -11,17 +15,27 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 from ..blocking import block_info, blocked_event
 from ..core.clock import US, ceil_seconds
 from ..core.keys import Tag
+from ..core.networks import DENY, Network, parse_network
 from ..core.policy import gate_check
 from ..core.validators import is_count
 from ..sql.admin import QuotaAdmin
 from ..state import QuotaState
 from .inspection import Caller
 
-__all__ = ["Block", "block", "list_blocks", "unblock"]
+__all__ = [
+    "Block",
+    "block",
+    "block_network",
+    "list_blocks",
+    "split_ip",
+    "unblock",
+    "unblock_network",
+]
 
 _REASON_MAX = 200
 
@@ -93,6 +107,53 @@ def unblock(state: QuotaState, caller: Caller, actor: str) -> list[str]:
             state.storage.clear([gate.key, keys.denials_key(tag, state.settings.algorithm)])
     state.sql.bump()
     return blocked
+
+
+def split_ip(ip: str | None) -> tuple[str | None, Network | None]:
+    """``quota.block``'s ``ip``: (the address, None) for an address, (None, the network)
+    for a CIDR shorter than one address (``10.0.0.0/8``, ``2001:db8::/48``). A /32 or
+    /128 is its address. Raises ``ValueError`` for a CIDR that is no network."""
+    if ip is None or "/" not in ip:
+        return ip, None
+    network = parse_network(ip)
+    if network.prefixlen == network.max_prefixlen:
+        return str(network.network_address), None
+    return None, network
+
+
+def block_network(
+    state: QuotaState,
+    network: Network,
+    seconds: int,
+    reason: str,
+    actor: str,
+    *,
+    public: bool = False,
+) -> str:
+    """Deny ``network`` for ``seconds``: a timed network rule (audited as
+    ``network.deny``, replacing the network's earlier rule), refused with 403 by every
+    worker within the sync interval. Returns its CIDR. A network's 403 never shows the
+    reason, so ``public`` is refused."""
+    if not is_count(seconds, minimum=1):
+        raise ValueError(f"seconds must be a whole number above 0, got {seconds!r}")
+    if not isinstance(reason, str):
+        raise ValueError(f"reason must be a string, got {type(reason).__name__}")
+    if public:
+        raise ValueError(
+            "public=True shows a caller's block reason in its 429; a network's 403 never "
+            "shows the reason: leave public out when ip names a network"
+        )
+    admin = QuotaAdmin(state.sql, actor=actor)
+    lifetime = timedelta(seconds=seconds)
+    return admin.deny_network(str(network), expires_in=lifetime, reason=reason.strip()[:200]).cidr
+
+
+def unblock_network(state: QuotaState, network: Network, actor: str) -> list[str]:
+    """Remove the denial of ``network`` (audited as ``network.remove``); returns its CIDR
+    when it was denied, else nothing (an allowance of it is left alone)."""
+    admin = QuotaAdmin(state.sql, actor=actor)
+    removed = admin.remove_network(str(network), action=DENY, missing_ok=True)
+    return [removed.cidr] if removed is not None else []
 
 
 def list_blocks(state: QuotaState) -> list[Block]:
