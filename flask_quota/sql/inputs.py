@@ -51,18 +51,11 @@ _NO_BOUND = ("", "none", "off")
 def parse_duration(text: str) -> timedelta:
     """``"30m"``, ``"12h"``, ``"7d"``, ``"2w"``: a positive span of time, at most
     3650 days (an expiry further out is a typo; leave it out to never expire)."""
-    match = _DURATION_RE.fullmatch(text.strip().lower())
-    if match is None:
-        raise AdminError(f"malformed duration {text!r}: use e.g. 30m, 12h, 7d or 2w")
-    seconds = int(match.group("n")) * _UNIT_SECONDS[match.group("unit")]
-    if seconds <= 0:
-        raise AdminError(f"duration {text!r} must be positive")
-    if seconds > _MAX_DURATION_DAYS * 86400:
-        raise AdminError(
-            f"duration {text!r} is longer than {_MAX_DURATION_DAYS} days (about 10 years); "
-            "leave the expiry out for an override that never expires"
-        )
-    return timedelta(seconds=seconds)
+    return _span(
+        text.strip().lower(), text,
+        f"malformed duration {text!r}: use e.g. 30m, 12h, 7d or 2w",
+        "leave the expiry out for an override that never expires",
+    )  # fmt: skip
 
 
 def lifetime(text: str) -> timedelta:
@@ -71,17 +64,26 @@ def lifetime(text: str) -> timedelta:
     raw = str(text).strip().lower()
     if raw.isascii() and raw.isdigit() and len(raw) <= 9:
         raw += "s"
+    return _span(
+        raw, text,
+        f"malformed duration {str(text)[:30]!r}: give seconds (600) or e.g. 30m, 12h, 7d",
+        "leave it out for a rule that lasts until removed",
+    )  # fmt: skip
+
+
+def _span(raw: str, text: str, malformed: str, forever: str) -> timedelta:
+    """``raw`` (a number and a unit) as a span within the bounds of ``parse_duration``;
+    ``AdminError`` saying ``malformed``, or, when too long, ``forever``."""
     match = _DURATION_RE.fullmatch(raw)
     if match is None:
-        shown = str(text)[:30]
-        raise AdminError(f"malformed duration {shown!r}: give seconds (600) or e.g. 30m, 12h, 7d")
+        raise AdminError(malformed)
     seconds = int(match.group("n")) * _UNIT_SECONDS[match.group("unit")]
     if seconds <= 0:
         raise AdminError(f"duration {text!r} must be positive")
     if seconds > _MAX_DURATION_DAYS * 86400:
         raise AdminError(
             f"duration {text!r} is longer than {_MAX_DURATION_DAYS} days (about 10 years); "
-            "leave it out for a rule that lasts until removed"
+            f"{forever}"
         )
     return timedelta(seconds=seconds)
 

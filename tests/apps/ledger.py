@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, request
 
 from flask_quota import Identity, Quota, signals
+from tests.apps import name_the_worker
 
 __all__ = ["app", "create_app"]
 
@@ -59,15 +60,7 @@ def create_app() -> Flask:
 
         signals.quota_alert.connect(told, app, weak=False)
 
-    @app.get("/healthz")
-    @quota.exempt
-    def healthz() -> Response:
-        return jsonify(worker=os.getpid())
-
-    @app.after_request
-    def worker(response: Response) -> Response:
-        response.headers["X-Worker"] = str(os.getpid())
-        return response
+    name_the_worker(app, quota)
 
     return app
 

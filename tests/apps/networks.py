@@ -13,6 +13,7 @@ from flask import Flask, Response, jsonify
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from flask_quota import Quota
+from tests.apps import name_the_worker
 
 __all__ = ["app", "create_app"]
 
@@ -27,15 +28,7 @@ def create_app() -> Flask:
     def items() -> Response:
         return jsonify(items=[1, 2, 3])
 
-    @app.get("/healthz")
-    @quota.exempt
-    def healthz() -> Response:
-        return jsonify(worker=os.getpid())
-
-    @app.after_request
-    def worker(response: Response) -> Response:
-        response.headers["X-Worker"] = str(os.getpid())
-        return response
+    name_the_worker(app, quota)
 
     return app
 
