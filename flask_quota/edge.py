@@ -31,7 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.datastructures import Headers
 
 from .alerts import ALERT, EXCEEDED, Crossing
-from .core.enforcer import Decided, kept_units
+from .core.enforcer import Decided, counted_by, kept_units
 from .core.errors import InvalidApiKey, QuotaExceeded, RequestShed
 from .core.facts import Facts, facts_of
 from .core.headers import ENVIRON_KEY, OURS, HeaderMode, Renamer, apply_headers
@@ -410,16 +410,11 @@ def _record_kept(
     if after is not None and metered:
         counted, extra, actual = after["counted"], after["extra"], after["actual"]
         metered = tuple(
-            (resource, kept_units(cost, kept=_kept(decided, counted, resource), actual=actual,
+            (resource, kept_units(cost, kept=counted_by(counted, decided, resource), actual=actual,
                                   extra=extra))
             for resource, cost in metered
         )  # fmt: skip
     ledger.record(decided.reply.now_us, identity.id, identity.tenant, metered, admitted=True)
-
-
-def _kept(decided: Decided, counted: Callable[[LimitSpec], bool], resource: str) -> bool:
-    spec = decided.limit_of(resource)
-    return spec is None or counted(spec)
 
 
 def _note_alerts(
@@ -440,7 +435,7 @@ def _note_alerts(
         if settled is not None:
             left = settled.results[i - 1].outcome.remaining
             if after is not None and tier.tier is Tier.ENDPOINT and tier.resource is not None:
-                kept = _kept(decided, after["counted"], tier.resource)
+                kept = counted_by(after["counted"], decided, tier.resource)
                 cost = kept_units(cost, kept=kept, actual=after["actual"], extra=after["extra"])
         else:
             left = reply.outcome(i, 0).remaining

@@ -30,7 +30,7 @@ from .reply import HeldReply, LocalReply, Reply
 from .route import Route, build_route
 from .tiers import Tier
 
-__all__ = ["Decided", "DecisionObserver", "Enforcer", "Events", "Guard", "kept_units"]
+__all__ = ["Decided", "DecisionObserver", "Enforcer", "Events", "Guard", "counted_by", "kept_units"]
 
 log = logging.getLogger("flask_quota")
 
@@ -136,9 +136,12 @@ def kept_units(cost: int, *, kept: bool, actual: int | None, extra: int) -> int:
     return (actual if actual is not None else cost) + extra
 
 
-def counted_by(counted: Callable[[LimitSpec], bool], decided: Decided, check: TierCheck) -> bool:
-    """``counted``'s answer for the limit of ``check``, an endpoint check of ``decided``."""
-    spec = decided.limit_of(check.resource)
+def counted_by(
+    counted: Callable[[LimitSpec], bool], decided: Decided, resource: str | None
+) -> bool:
+    """``counted``'s answer for the limit of ``resource``, an endpoint check of ``decided``
+    (the settlement's and the ledger's one rule)."""
+    spec = decided.limit_of(resource)
     return spec is None or counted(spec)
 
 
@@ -483,7 +486,9 @@ class Enforcer:
         for i, (t, result) in enumerate(zip(checks, decision.results, strict=True)):
             if t.tier is not Tier.ENDPOINT:
                 continue
-            keep = counted if isinstance(counted, bool) else counted_by(counted, decided, t)
+            keep = (
+                counted if isinstance(counted, bool) else counted_by(counted, decided, t.resource)
+            )
             # A shadow check that would have denied was not charged: only extras reach it.
             allowed = result.outcome.allowed
             charged = t.check.cost if allowed else 0
