@@ -42,6 +42,7 @@ from flask_quota.admin_api import (
     sql_reason,
 )
 
+from . import session
 from .session import flash
 
 __all__ = ["ADMIN_ROUTES", "admin", "client_id_of", "database_errors"]
@@ -243,16 +244,14 @@ def plan_delete(plan: str) -> Any:
     return _plan_change(change)
 
 
-def clients_page(
-    error: str | None = None, status: int = 200, new_key: str | None = None
-) -> tuple[str, int]:
+def clients_page(error: str | None = None, status: int = 200) -> tuple[str, int]:
     a = admin()
     return render_template(
         "quota/clients.html",
         clients=a.clients(),
         plans=[p.name for p in a.plans()],
         error=error,
-        new_key=new_key,
+        new_key=session.current().pop_secret(),  # a client just made: its key, once
     ), status
 
 
@@ -266,9 +265,11 @@ def client_create() -> Any:
         )
     except AdminError as exc:
         return clients_page(str(exc), _status(exc))
-    # The key is shown in this response only (no redirect, no-store): it is never stored.
+    # Post/Redirect/Get: the key crosses the redirect encrypted in the dashboard's cookie
+    # and is shown by the next page only (no-store); the database keeps its hash only.
     flash(f"Client {info.name} created (id {info.id}).", "ok")
-    return clients_page(new_key=key)
+    session.current().keep_secret(key)
+    return redirect(url_for(".clients_page"))
 
 
 def client_revoke(client_id: str) -> Any:

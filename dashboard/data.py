@@ -414,7 +414,8 @@ def near_limit(state: QuotaState) -> float:
 def _top(
     app: Flask, state: QuotaState, reads: Reads, tags: list[str], requests: Counter[str]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The top identities with the bucket closest to its limit, and every bucket of theirs
+    """The top identities with the bucket closest to its limit (none while every bucket
+    of theirs is full), and every bucket of theirs
     on or above ``near_limit(state)`` used (most used first): both from one peek. The
     line is ``signals.quota_near_limit``'s (``is_near``), so the list shows exactly the
     buckets whose crossing was signalled and has not refilled below it."""
@@ -436,6 +437,8 @@ def _top(
         mine = states[start:end] if states is not None else []
         unit_of = dict(zip(map(id, mine), units[start:end], strict=True))
         closest = min(mine, key=lambda b: (b.remaining / b.limit, b.remaining), default=None)
+        if closest is not None and closest.remaining >= closest.limit:
+            closest = None  # every bucket is full: none of them is close to its limit
         who = {"tag": tag, "kind": identity_kind(state, tag), "name": display_name(tag)}
         rows.append(
             {

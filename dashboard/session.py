@@ -13,10 +13,17 @@ host's. Its state lives in one cookie of its own (``COOKIE``):
 A form's CSRF token is the cookie's random secret, signed and timestamped: it is
 valid for ``TOKEN_MAX_AGE`` seconds, and only with the cookie of the browser that
 got it.
+
+A secret shown once (a new client's API key) crosses the redirect after its form
+(Post/Redirect/Get) in the cookie, encrypted with a key derived from ``secret_key``
+(HMAC-SHA256 in counter mode, a random nonce each time): the signed cookie can be
+decoded by anyone who holds it, the secret cannot. The next page shows it and drops it.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import secrets
 from typing import Any
@@ -44,6 +51,8 @@ class DashboardSession:
         data = data if isinstance(data, dict) else {}
         secret, messages = data.get("csrf"), data.get("messages")
         self.secret: str | None = secret if isinstance(secret, str) and secret else None
+        reveal = data.get("reveal")
+        self.reveal: str | None = reveal if isinstance(reveal, str) and reveal else None
         self.messages: list[tuple[str, str]] = [
             (str(m[0]), str(m[1]))
             for m in (messages if isinstance(messages, list) else [])
@@ -83,14 +92,42 @@ class DashboardSession:
             self.changed = True
         return shown
 
+    # -- a secret shown once, on the next page --------------------------------
+
+    def keep_secret(self, value: str) -> None:
+        """Carry ``value`` (encrypted) to the next page that calls ``pop_secret``."""
+        nonce = secrets.token_bytes(16)
+        data = value.encode()
+        sealed = bytes(a ^ b for a, b in zip(data, _keystream(nonce, len(data)), strict=True))
+        self.reveal = base64.urlsafe_b64encode(nonce + sealed).decode()
+        self.changed = True
+
+    def pop_secret(self) -> str | None:
+        """The value ``keep_secret`` kept, once; None when there is none (or it does not
+        decrypt: a cookie made under another ``secret_key``)."""
+        if self.reveal is None:
+            return None
+        raw, self.reveal, self.changed = self.reveal, None, True
+        try:
+            blob = base64.urlsafe_b64decode(raw)
+        except ValueError:
+            return None
+        nonce, sealed = blob[:16], blob[16:]
+        data = bytes(a ^ b for a, b in zip(sealed, _keystream(nonce, len(sealed)), strict=True))
+        try:
+            return data.decode()
+        except UnicodeDecodeError:
+            return None
+
     # -- the cookie ----------------------------------------------------------
 
     def save(self, response: Response) -> None:
         if not self.changed:
             return
-        value = self._cookie_serializer().dumps(
-            {"csrf": self.secret, "messages": [list(m) for m in self.messages]}
-        )
+        found: dict[str, Any] = {"csrf": self.secret, "messages": [list(m) for m in self.messages]}
+        if self.reveal is not None:
+            found["reveal"] = self.reveal
+        value = self._cookie_serializer().dumps(found)
         response.set_cookie(
             COOKIE,
             value,
@@ -110,6 +147,19 @@ class DashboardSession:
         return URLSafeTimedSerializer(
             current_app.secret_key or "", salt="flask-quota dashboard csrf"
         )
+
+
+def _keystream(nonce: bytes, size: int) -> bytes:
+    """``size`` bytes of HMAC-SHA256(key, nonce || counter), the key derived from the
+    app's ``secret_key`` for this use only."""
+    secret = current_app.secret_key or ""
+    raw = secret if isinstance(secret, bytes) else str(secret).encode()
+    key = hmac.new(raw, b"flask-quota dashboard secret shown once", hashlib.sha256).digest()
+    blocks = (size + 31) // 32
+    stream = b"".join(
+        hmac.new(key, nonce + i.to_bytes(4, "big"), hashlib.sha256).digest() for i in range(blocks)
+    )
+    return stream[:size]
 
 
 def cookie_path() -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import calendar
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date
 
@@ -78,6 +79,7 @@ def _panel(
     days: list[date],
     used: list[int],
     denied: list[int] | None,
+    unit: str = "units",
 ) -> BarPanel:
     top = index * PANEL_HEIGHT
     plot_top = top + TITLE
@@ -91,7 +93,7 @@ def _panel(
         value, refused = used[i], denied[i] if denied is not None else 0
         y = _y(value, top_value, plot_top)
         denied_y = _y(value + refused, top_value, plot_top)
-        title = f"{day.isoformat()}: {value} {'admitted' if denied is not None else 'units'}"
+        title = f"{day.isoformat()}: {value} {'admitted' if denied is not None else unit}"
         bars.append(
             Bar(
                 x=PAD_LEFT + i * slot + slot * 0.15,
@@ -115,9 +117,11 @@ def _panel(
     )
 
 
-def build(report: UsageReport) -> BarChart:
+def build(report: UsageReport, units: Mapping[str, str] | None = None) -> BarChart:
     """The chart of ``report``'s days: a panel for the caller's requests when it made
-    any (or has a quota on them), then one per resource, as its totals list them."""
+    any (or has a quota on them), then one per resource, as its totals list them, in
+    the unit it counts (``units``: a resource's own, such as tokens; else "units")."""
+    units = units or {}
     days = report.days
     index = {day: i for i, day in enumerate(days)}
     panels: list[BarPanel] = []
@@ -127,9 +131,10 @@ def build(report: UsageReport) -> BarChart:
             if line.resource == total.resource and line.day in index:
                 used[index[line.day]] += line.used
                 denied[index[line.day]] += line.denied
-        name = f"{total.resource} (units)" if total.resource else "requests"
+        unit = units.get(total.resource, "units")
+        name = f"{total.resource} ({unit})" if total.resource else "requests"
         stacked = denied if not total.resource else None
-        panels.append(_panel(len(panels), name, days, used, stacked))
+        panels.append(_panel(len(panels), name, days, used, stacked, unit))
     body = max(1, len(panels)) * PANEL_HEIGHT
     slot = (WIDTH - PAD_LEFT - PAD_RIGHT) / max(1, len(days))
     step = 1 if len(days) <= MAX_DAY_LABELS else math.ceil(len(days) / MAX_DAY_LABELS)

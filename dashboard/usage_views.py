@@ -12,13 +12,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from flask import Response, redirect, render_template, request, url_for
+from flask import Response, current_app, redirect, render_template, request, url_for
 
 from flask_quota.admin_api import (
+    DEFAULT_UNIT,
     AdminError,
     UnknownCaller,
     UsageReport,
     get_state,
+    resource_units,
     tenant_name,
     usage_report,
 )
@@ -90,16 +92,26 @@ def _page(report: UsageReport | None, error: str | None = None, status: int = 20
                 else url_for(".tenant_page", name=report.key)
             ),
         )
+    units = _named_units(report) if report is not None else {}
     page = render_template(
         "quota/usage.html",
         report=report,
         title=title,
-        chart=usage_chart.build(report) if report is not None else None,
+        units=units,
+        chart=usage_chart.build(report, units) if report is not None else None,
         ledger=get_state().settings.ledger,
         links=links,
         error=error,
     )
     return page, status
+
+
+def _named_units(report: UsageReport) -> dict[str, str]:
+    """The resources of ``report`` that count a unit of their own ("tokens"), with it;
+    the others count plain units (requests, weighted by their cost)."""
+    resources = [t.resource for t in report.totals if t.resource]
+    found = resource_units(current_app, report.plan, resources)
+    return {resource: unit for resource, unit in found.items() if unit != DEFAULT_UNIT}
 
 
 USAGE_ROUTES: list[tuple[str, Any, list[str]]] = [

@@ -25,6 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from flask_quota import admin_api
 from flask_quota.admin_api import (
+    DEFAULT_UNIT,
     AdminError,
     Caller,
     QuotaState,
@@ -35,11 +36,13 @@ from flask_quota.admin_api import (
     exempt,
     get_state,
     parse_duration,
+    resource_units,
 )
 
 from . import chart, data, session
 from .admin_views import ADMIN_ROUTES, admin, client_id_of, database_errors
 from .auth import Authenticator, auth_from_config
+from .credit_views import CREDIT_ROUTES, client_credits
 from .network_views import NETWORK_ROUTES
 from .session import flash
 from .tenant_views import TENANT_ROUTES
@@ -127,13 +130,17 @@ def make_blueprint() -> Blueprint:
             "quota_storage": lambda: _reads().health(),
             "kind_labels": data.KIND_LABELS,
             "duration": data.duration_text,  # one way to say a span of time, on every page
+            # How soon a change in SQL reaches every worker (plans, clients, networks).
+            "sync_interval": f"{get_state().settings.sync_interval:g} s",
         }
 
     # The dashboard is never limited by the app's own quotas (logins are, see auth.py),
     # and a database that cannot answer gives a page that says so, never a 500.
     for rule, view, methods in ROUTES:
         bp.add_url_rule(rule, view_func=exempt(database_errors(view)), methods=methods)
-    for rule, view, methods in ADMIN_ROUTES + TENANT_ROUTES + USAGE_ROUTES + NETWORK_ROUTES:
+    for rule, view, methods in (
+        ADMIN_ROUTES + TENANT_ROUTES + USAGE_ROUTES + NETWORK_ROUTES + CREDIT_ROUTES
+    ):
         bp.add_url_rule(rule, view_func=exempt(view), methods=methods)
     return bp
 
@@ -187,9 +194,17 @@ def chart_svg() -> Response:
     storage = reads.health()
     minutes = data.usage_minutes(state, reads, tag)
     who = f" for {_label(state, tag)}" if tag else ""
+    series = data.series(minutes or [])
+    # A resource that counts something else than requests (tokens) says so: its panel
+    # counts those units (``UsageRecorder.record``'s ``units``).
+    units = resource_units(current_app, None, series)
+    series = {
+        f"{name} ({units[name]})" if units.get(name, DEFAULT_UNIT) != DEFAULT_UNIT else name: s
+        for name, s in series.items()
+    }
     svg = render_template(
         "quota/chart.svg",
-        chart=chart.build(data.series(minutes or []), [m.minute for m in minutes or []]),
+        chart=chart.build(series, [m.minute for m in minutes or []]),
         title=f"Requests per minute, last hour (UTC){who}",
         unavailable=None if minutes is not None else storage["backend"],
     )
@@ -263,15 +278,20 @@ def _identity(tag: str) -> dict[str, Any]:
             info["name"] = client.name
             info["plans"] = [p.name for p in a.plans()]
             info["overrides"] = a.overrides(client_id)
+            info["credits"] = client_credits(client_id, plan.name)  # None: no plan sells any
     return info
 
 
-def identity_page(tag: str, block_error: str | None = None, status: int = 200) -> Any:
+def identity_page(
+    tag: str, block_error: str | None = None, status: int = 200, credits_error: str | None = None
+) -> Any:
     canonical = _canonical(tag)
     if canonical != tag:  # e.g. a hand-typed ":": the same caller, at its own address
         return redirect(url_for(".identity_page", tag=canonical))
     info = _identity(tag)
-    page = render_template("quota/identity.html", info=info, block_error=block_error)
+    page = render_template(
+        "quota/identity.html", info=info, block_error=block_error, credits_error=credits_error
+    )
     return page, status
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .core.algorithms import Algorithm
 from .core.errors import (
     CallerBlocked,
+    CreditsExhausted,
     InvalidApiKey,
     NetworkDenied,
     QuotaExceeded,
@@ -19,6 +20,7 @@ from .extension import Quota
 __all__ = [
     "Algorithm",
     "CallerBlocked",
+    "CreditsExhausted",
     "Identity",
     "InvalidApiKey",
     "NetworkDenied",

@@ -7,7 +7,7 @@ them are laid out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from flask import Flask
@@ -52,6 +52,7 @@ from .tools.inspection import (
 from .views import exempt, limited_endpoints
 
 __all__ = [
+    "DEFAULT_UNIT",
     "HOUR",
     "NETWORK_ACTIONS",
     "PLANS_READ_ONLY",
@@ -96,6 +97,7 @@ __all__ = [
     "peek",
     "plan_of",
     "reset",
+    "resource_units",
     "seconds_until",
     "sql_reason",
     "tenant_checks",
@@ -142,6 +144,20 @@ def overload_status(state: QuotaState) -> dict[str, Any] | None:
         "scope": scope,
         "adaptive": gradient.limit if gradient is not None else None,
         "max_queue_ms": settings.max_queue_ms,
+    }
+
+
+def resource_units(app: Flask, plan: str | None, resources: Iterable[str]) -> dict[str, str]:
+    """What each of ``resources`` counts, as a usage page names it: on ``plan`` (a plan's
+    name; None or unknown: no one plan) the plan's unit, else its decorator's, else
+    requests (``DEFAULT_UNIT``)."""
+    declared = {resource: spec.unit for _, resource, spec in limited_endpoints(app)}
+    found = get_state(app).catalog().get(plan) if plan is not None else None
+    return {
+        resource: found.unit_for(resource, declared.get(resource))
+        if found is not None
+        else declared.get(resource) or DEFAULT_UNIT
+        for resource in resources
     }
 
 

@@ -31,9 +31,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.datastructures import Headers
 
 from .alerts import ALERT, EXCEEDED, Crossing
+from .core.clock import US
 from .core.enforcer import Decided, counted_by, kept_units
 from .core.errors import InvalidApiKey, QuotaExceeded, RequestShed
 from .core.facts import Facts, facts_of
+from .core.headers import DELAYED as DELAYED_HEADER
 from .core.headers import ENVIRON_KEY, OURS, HeaderMode, Renamer, apply_headers
 from .core.identity import Identity, plausible_api_key
 from .core.keys import KeyBuilder, remote_ip_tag
@@ -41,12 +43,13 @@ from .core.policy import Decision, LimitSpec
 from .core.priority import Priority
 from .core.status import caller_status
 from .core.tiers import Tier
+from .core.waiting import sleep_reserved
 from .ledger import period_usage
 from .networks import check as check_network
 from .overload import Ticket
 from .settings import Settings
 from .sql.errors import KeysUnavailable
-from .state import QuotaState
+from .state import QuotaState, get_state
 from .views import exempt, limited_endpoints
 
 __all__ = [
@@ -82,6 +85,7 @@ class RequestQuota:
     ticket: Ticket | None = None  # its place in the worker (overload protection)
     release: Release | None = None  # a streamed response's give-back, at its close
     caller: Identity | None = None  # whom the ledger and the alerts count it for
+    delayed_us: int = 0  # how long a ``delay=`` held it before its view (its header)
 
 
 def current() -> RequestQuota:
@@ -104,6 +108,27 @@ def note_inner_denial() -> None:
     """A ``quota.limited`` denied inside a request: noted for the after-request hook."""
     if has_request_context():
         current().inner = True
+
+
+def note_wait(resource: str, seconds: float) -> None:
+    """A ``quota.limited(wait=...)`` slept ``seconds`` for its reservation: counted."""
+    metrics = get_state().metrics
+    if metrics is not None:
+        metrics.waited(resource, "wait", seconds)
+
+
+def _delay(state: QuotaState, decided: Decided, found: RequestQuota) -> None:
+    """Hold an admitted request until its reservation's time (``delay=``); interrupted,
+    give the reservation back (``core.waiting``)."""
+    wait = decided.reply.wait_us()
+    if not wait:
+        return
+    found.delayed_us = wait
+    at = decided.reply.now_us + wait
+    waiting = [t for t in decided.route.tier_checks(decided.keys) if t.check.wait_us]
+    sleep_reserved(wait, lambda: state.enforcer.guard.refund([t.check for t in waiting], at))
+    if state.metrics is not None:
+        state.metrics.waited(waiting[0].resource or "", "delay", wait / US)
 
 
 @dataclass
@@ -226,6 +251,13 @@ def before_hook(
                 if not state.leasing:  # the first lease: the teardown hook joins
                     start_leasing()
                 found.leased = True  # given back after the response (see below)
+            spec = decided.spec
+            if (
+                spec is not None
+                and (spec.wait_us or (decided.more and any(m.wait_us for m in decided.more)))
+                and decided.reply.all_allowed
+            ):
+                _delay(state, decided, found)
 
     return before_request
 
@@ -265,9 +297,17 @@ def after_hook(state: QuotaState) -> Callable[[Response], Response]:
             return response
         mode, headers = settings.headers, response.headers
         route, reply, spec = decided.route, decided.reply, decided.spec
+        if found.delayed_us:  # held by a reservation (delay=): for how long, in seconds
+            add_headers(headers, [(DELAYED_HEADER, f"{found.delayed_us / US:.3f}")], renamer)
         if route.leases and mode is not _NO_HEADERS:
             add_headers(headers, route.lease_headers(reply), renamer)
+        if route.credits:  # prepaid balances, as admitted
+            if mode is not _NO_HEADERS:
+                add_headers(headers, route.credit_headers(reply), renamer)
+            if state.metrics is not None and reply.all_allowed:
+                _count_spent(state, decided)
         decision = None
+        after: dict[str, Any] | None = None  # the settlement asked for, if any
         settles_later = False
         if found.inner:
             # A quota.limited inside the view denied: the 429 is that limit's, and the
@@ -302,7 +342,13 @@ def after_hook(state: QuotaState) -> Callable[[Response], Response]:
             state.enforcer.done(decided)  # charged as admitted: its crossings are told now
         if state.usage is not None:
             decision = decision or decided.decision()
-            state.usage.record(decided.tag, decision.plan, decision.usage_outcomes())
+            # A resource's tier counts its units (tokens) on the charts: as kept when
+            # admitted (a settlement's included), as asked when refused.
+            units = None
+            if decided.route.metered:
+                kept = _kept_units(decided, after) if reply.all_allowed else None
+                units = decision.usage_units(kept or decided.route.metered)
+            state.usage.record(decided.tag, decision.plan, decision.usage_outcomes(), units)
         if (found.leased or found.ticket is not None) and response.is_streamed:
             # Last, so that a failure above leaves the lease to the teardown: a streamed
             # response holds its leases (and its slot in the worker) until it is closed.
@@ -336,7 +382,8 @@ def add_headers(headers: Headers, pairs: list[tuple[str, str]], renamer: Renamer
 
 def _denied(renamer: Renamer | None, response: Response, denial: QuotaExceeded) -> None:
     """A denied request's response: its ``Retry-After``, under our header names."""
-    if Renamer.retry_after(renamer) not in response.headers:
+    # A 402 (prepaid credits spent) has no wait: its retry_after is 0.
+    if denial.retry_after and Renamer.retry_after(renamer) not in response.headers:
         # The app's own @app.errorhandler(QuotaExceeded) answered: the wait still
         # holds (a block's rest, not the tier's, when this request was blocked).
         response.headers[Renamer.retry_after(renamer)] = str(denial.retry_after)
@@ -398,6 +445,18 @@ class _Settle:
             _note_alerts(self.state, caller, self.decided, settled, after)
 
 
+def _count_spent(state: QuotaState, decided: Decided) -> None:
+    """``flask_quota_credits_spent_total``: the units an admitted request's prepaid
+    balances were charged at admission (a settlement's correction is not counted)."""
+    assert state.metrics is not None
+    route, reply = decided.route, decided.reply
+    for i in route.credits:  # check i is tier i - 1 (the block gate is check 0)
+        cost = route.calls[i].cost
+        if cost > 0 and reply.allowed(i):
+            tier = route.tiers[i - 1]
+            state.metrics.credits_spent_units(tier.resource or tier.name, route.plan.name, cost)
+
+
 def _record_kept(
     state: QuotaState, found: RequestQuota, decided: Decided, after: dict[str, Any] | None
 ) -> None:
@@ -406,6 +465,14 @@ def _record_kept(
     ledger, identity = state.ledger, found.caller
     if ledger is None or identity is None or not decided.reply.all_allowed:
         return
+    metered = _kept_units(decided, after)
+    ledger.record(decided.reply.now_us, identity.id, identity.tenant, metered, admitted=True)
+
+
+def _kept_units(decided: Decided, after: dict[str, Any] | None) -> tuple[tuple[str, int], ...]:
+    """(resource, units) an admitted request was finally charged on each resource: as
+    admitted, or as its settlement says (``kept_units``, the rule ``Enforcer.settle``
+    charges by)."""
     metered = decided.route.metered
     if after is not None and metered:
         counted, extra, actual = after["counted"], after["extra"], after["actual"]
@@ -414,7 +481,7 @@ def _record_kept(
                                   extra=extra))
             for resource, cost in metered
         )  # fmt: skip
-    ledger.record(decided.reply.now_us, identity.id, identity.tenant, metered, admitted=True)
+    return metered
 
 
 def _note_alerts(
@@ -568,6 +635,14 @@ def status_view(state: QuotaState, loaders: Loaders, budget: LimitSpec) -> Calla
         body = found.as_json()
         if state.ledger is not None and identity is not None:
             body["usage"] = _own_usage(state, identity, facts)
+        credits = state.credits
+        # Prepaid balances, when some plan has one: an anonymous caller has none ([]).
+        if credits is not None and credits.resources():
+            plan = state.enforcer.caller(state.catalog(), facts)[1]  # overrides included
+            declared = {resource: spec.unit for _, resource, spec in endpoints}
+            body["credits"] = [] if identity is None else credits.status(
+                identity.id, plan, declared
+            )  # fmt: skip
         response = jsonify(body)
         response.headers["Cache-Control"] = "no-store"  # one caller's, and it changes
         return response

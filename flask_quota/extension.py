@@ -9,6 +9,7 @@ import shlex
 import sys
 import weakref
 from collections.abc import Callable
+from datetime import date, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from blinker import NamedSignal
@@ -17,7 +18,7 @@ from flask import Blueprint, Flask, Request, Response, current_app, has_request_
 from . import blocking, edge, signals
 from .alerts import Alerts
 from .cli import quota_cli
-from .core import leases, validators
+from .core import leases, validators, waiting
 from .core.enforcer import Enforcer
 from .core.facts import Facts, facts_of
 from .core.identity import Identity
@@ -28,15 +29,18 @@ from .core.policy import Decision, LimitSpec, Policy, TierResult
 from .core.priority import Priority, parse_priority
 from .core.rates import Rate, Rates, parse_rates
 from .core.status import status_budget
+from .credits import Credits
 from .ledger import Ledger
 from .otel import span_observer
 from .overload import Shedder
 from .recorder import UsageRecorder, usage_sink
 from .settings import DEFAULTS, Settings, reference
 from .sql import plansync
+from .sql.credits import GrantInfo, client_caller, expiry, new_grant
+from .sql.errors import AdminError
 from .sql.store import SqlStore
 from .state import QuotaState, get_state
-from .storage import Storage, storage_from_url
+from .storage import Storage, StorageError, storage_from_url
 from .storage.breaker import CircuitBreaker
 from .storage.denycache import DenyCache
 from .storage.failover import GuardedStorage
@@ -196,6 +200,12 @@ class Quota:
             near=settings.near_limit,
             alerts=settings.alerts,
         )
+        # Prepaid balances: seeded from SQL, checkpointed to it by a writer per worker.
+        credits = Credits(
+            app, storage, sql, policy.keys, interval=settings.sync_interval,
+            alerts=settings.alerts, outbox=lambda: state.outbox,
+        )  # fmt: skip
+        enforcer.credits = credits
         state = app.extensions["quota"] = QuotaState(
             settings=settings,
             storage=storage,
@@ -205,6 +215,7 @@ class Quota:
             enforcer=enforcer,
             usage=usage,
             metrics=metrics,
+            credits=credits,
         )
         if settings.overload:
             state.shedder = Shedder(settings, enforcer, metrics=metrics)
@@ -256,6 +267,7 @@ class Quota:
         error_message: str | Callable[[], str] | None = None,
         unit: str | None = None,
         priority: str | None = None,
+        delay: float | None = None,
     ) -> Callable[[V], V]:
         """Add the endpoint tier to a view, or to every view of a blueprint.
 
@@ -279,6 +291,10 @@ class Quota:
         ``priority`` (``"critical"``, ``"default"``, ``"sheddable"``) is the route's class
         for overload protection (``QUOTA_CAPACITY``, ``QUOTA_ADAPTIVE``,
         ``QUOTA_MAX_QUEUE_MS``); ``QUOTA_PRIORITY``'s answer wins over it.
+
+        ``delay`` (seconds, at most ``core.waiting.MAX_DELAY``): a request this limit's
+        rates would refuse, but that fits within ``delay``, is reserved and held until
+        its time instead of getting a 429 (``X-RateLimit-Delayed`` says how long).
 
         Limits stack: several on one view are all checked, all-or-nothing, in one
         storage call, each with its own bucket and options.
@@ -309,10 +325,15 @@ class Quota:
         if unit is not None:
             validators.unit_name(unit)
         cls = parse_priority(priority) if priority is not None else None
+        waits = waiting.delay_us(delay) if delay is not None else 0
+        if waits and parsed is None and rate_of is None and resource is None:
+            raise ValueError(
+                "quota.limit(delay=...) waits for a rate's room; concurrent= alone has no rate"
+            )
         spec = LimitSpec(
             parsed, resource, cost, key, bool(per_method), charge_when, exempt_when,
             concurrent=concurrent, rate_of=rate_of, error_message=error_message, unit=unit,
-            priority=cls,
+            priority=cls, wait_us=waits,
         )  # fmt: skip
 
         def decorator(view: V) -> V:
@@ -328,6 +349,7 @@ class Quota:
         resource: str | None = None,
         key: str | None = None,
         cost: int = 1,
+        wait: float | None = None,
     ) -> Limited:
         """A limit for code that is not a view: ``with quota.limited("5/minute",
         resource="send_sms", key=phone): send()``, or as a decorator on a function.
@@ -338,9 +360,15 @@ class Quota:
         ``QuotaExceeded``. The bucket is ``key``'s, else the current request's caller;
         outside a request ``key`` is required. The caller's plan may set the
         resource's rate, as for ``@quota.limit``; outside a request the default plan's.
+
+        ``wait`` (seconds): when the bucket has no room, wait up to that long for it
+        instead of raising at once. The room is reserved in the storage (one call; the
+        waiters of a bucket across the fleet go in the order they asked) and entering
+        sleeps until its time; a wait that would be longer raises ``QuotaExceeded`` at
+        once. An interrupted wait gives its reservation back.
         """
-        spec = limited_spec(rate, resource, key, cost)
-        return Limited(spec, self._limited_context, edge.note_inner_denial)
+        spec = limited_spec(rate, resource, key, cost, wait)
+        return Limited(spec, self._limited_context, edge.note_inner_denial, edge.note_wait)
 
     def _limited_context(self) -> tuple[Enforcer, Facts | None] | None:
         """What a ``quota.limited`` decides with on entry: the enforcer and the request's
@@ -401,6 +429,41 @@ class Quota:
             raise ValueError(f"quota.charge() takes an int >= 0, got {units!r}")
         _limited_view("quota.charge()")
         edge.current().extra += units
+
+    def grant(
+        self,
+        client: str | None = None,
+        resource: str = "",
+        units: int = 0,
+        expires: datetime | date | str | None = None,
+        note: str = "",
+        *,
+        identity: str | None = None,
+        actor: str = "api",
+    ) -> GrantInfo:
+        """Grant prepaid credits: ``units`` of ``resource`` (a plan's ``"credits"``
+        resource) to ``client`` (an SQL client's name or id) or ``identity`` (an id your
+        identity loader returns), spendable until ``expires`` (a timezone-aware datetime,
+        a date or ``"2027-01-01"``: midnight in ``QUOTA_TIMEZONE``; None: never). Written
+        to SQL and the audit log (``actor``), then added to the live balance: spendable at
+        once on this server, on every other within ``QUOTA_SYNC_INTERVAL``. Bad input
+        raises ``AdminError`` and changes nothing. Needs an app context."""
+        state = get_state()
+        if (client is None) == (identity is None):
+            raise AdminError("quota.grant() takes client= (an SQL client) or identity=")
+        zone = state.settings.calendar.zone
+        caller = identity if identity is not None else client_caller(state.sql, str(client))
+        info = new_grant(
+            state.sql, actor=actor, caller=caller, resource=resource, units=units,
+            expires_at=expiry(expires, zone), note=note,
+        )  # fmt: skip
+        if state.credits is not None:
+            try:
+                state.credits.push(info)
+            except StorageError as exc:  # every worker pushes it again once it answers
+                log.warning("flask-quota: grant %d saved; adding it waits for the storage (%s)",
+                            info.id, exc)  # fmt: skip
+        return info
 
     def identity_loader(
         self, loader: Callable[[], Identity | None]

@@ -25,14 +25,12 @@ decided in a request is kept exactly when the counts of that flush are.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import logging
 import os
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -43,6 +41,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from .core.calendar import Calendar
 from .sql.models import CALLER_MAX, LedgerFlush, UsageRow
+from .writer import start_writer
 
 if TYPE_CHECKING:
     from .webhooks import Event
@@ -238,37 +237,12 @@ class Ledger:
             self._thread_pid = os.getpid()
             # A fork copies the parent's locks in whatever state its threads held them.
             self._flushing, self._wake = threading.Lock(), threading.Event()
-        ref = weakref.ref(self)
-        threading.Thread(target=_run, args=(ref,), name="flask-quota-ledger", daemon=True).start()
-        atexit.register(_flush_at_exit, ref)
+        start_writer(self, "flask-quota-ledger")
 
     def close(self) -> None:
         """Write what is pending (tests, and an app shut down cleanly)."""
         self.flush()
         self._wake.set()
-
-
-def _run(ref: weakref.ref[Ledger]) -> None:
-    """The writer thread: a flush every interval, for as long as its ledger lives."""
-    while True:
-        ledger = ref()
-        if ledger is None:
-            return
-        wake, interval = ledger._wake, ledger.interval
-        del ledger  # not kept alive by its own thread while it sleeps
-        wake.wait(interval)
-        wake.clear()
-        ledger = ref()
-        if ledger is None:
-            return
-        ledger.flush()
-        del ledger
-
-
-def _flush_at_exit(ref: weakref.ref[Ledger]) -> None:
-    ledger = ref()
-    if ledger is not None and ledger._thread_pid == os.getpid():
-        ledger.flush()
 
 
 def upsert(conn: Connection, counts: Counts) -> None:

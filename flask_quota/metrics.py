@@ -38,6 +38,14 @@ shares (``QUOTA_PREFETCH``): neither asked the storage.
 took a bucket across ``QUOTA_NEAR_LIMIT`` (once per crossing, as
 ``signals.quota_near_limit``).
 
+Prepaid credits (``docs/credits.md``): ``flask_quota_credits_spent_total{resource,plan}``
+counts the units requests were admitted at (before a ``quota.settle`` correction),
+``flask_quota_credits_refused_total{resource,plan}`` the requests refused with 402,
+``flask_quota_credits_granted_total{resource}`` the units granted through this process
+(``quota.grant``, the CLI, the dashboard), ``flask_quota_credits_events_total{resource,
+event}`` the ``credits.low`` / ``credits.exhausted`` events, counted by the worker that
+told each (once across the fleet).
+
 Several processes (gunicorn workers) share counts through prometheus_client's
 multiprocess mode: ``PROMETHEUS_MULTIPROC_DIR`` names an empty directory, set
 in the environment before the server starts, and gunicorn's ``child_exit``
@@ -68,6 +76,7 @@ from prometheus_client.registry import Collector
 from .core.enforcer import FAIL_CLOSED, FAIL_OPEN
 from .core.policy import Decision, TierCheck, TierResult
 from .core.priority import Priority
+from .core.tiers import Tier
 
 __all__ = [
     "OUTCOMES",
@@ -161,11 +170,44 @@ class QuotaMetrics:
             ("resource", "share"),
             registry=self.registry,
         )
+        self.credits_spent = Counter(
+            "flask_quota_credits_spent",
+            "Prepaid credit units requests were admitted at (before quota.settle's correction).",
+            ("resource", "plan"),
+            registry=self.registry,
+        )
+        self.credits_refused = Counter(
+            "flask_quota_credits_refused",
+            "Requests refused with 402: too few prepaid credits.",
+            ("resource", "plan"),
+            registry=self.registry,
+        )
+        self.credits_granted = Counter(
+            "flask_quota_credits_granted",
+            "Prepaid credit units granted through this process (quota.grant, CLI, dashboard).",
+            ("resource",),
+            registry=self.registry,
+        )
+        self.credits_events = Counter(
+            "flask_quota_credits_events",
+            "credits.low and credits.exhausted events, once per balance and grant across the "
+            "fleet (counted by the worker that told it).",
+            ("resource", "event"),
+            registry=self.registry,
+        )
         self.sheds = Counter(
             "flask_quota_shed",
             "Requests shed by overload protection, by class and reason (capacity, queue); "
             "shadow 'true' when QUOTA_SHADOW only counted them.",
             ("priority", "reason", "shadow"),
+            registry=self.registry,
+        )
+        self.waits = Histogram(
+            "flask_quota_wait_seconds",
+            "Callers admitted after waiting for room, and how long they slept: kind 'delay' "
+            "(a view's delay=, its request held) or 'wait' (quota.limited's wait=).",
+            ("resource", "kind"),
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
             registry=self.registry,
         )
         self.in_flight = Gauge(
@@ -234,9 +276,15 @@ class QuotaMetrics:
                 if not r.shadow_denied:
                     self.count(r.tier.value, r.name, plan, outcome)
         else:
+            credits = False
             for r in decision.enforced:
                 if not r.outcome.allowed:
                     self.count(r.tier.value, r.name, plan, DENIED)
+                    credits = credits or r.tier is Tier.CREDITS
+            if credits:  # a 402 only when no rate tier's 429 answers first
+                denied = decision.denied
+                if denied is not None and denied.tier is Tier.CREDITS:
+                    self.credits_refused.labels(denied.resource or denied.name, plan).inc()
         # Shadow tiers (QUOTA_SHADOW, a limit's `shadow` flag) that would have denied.
         shadow = decision.shadow_denied
         if shadow:
@@ -253,6 +301,22 @@ class QuotaMetrics:
     def shed(self, priority: Priority, reason: str, *, shadow: bool) -> None:
         """One more shed request (or one ``QUOTA_SHADOW`` only counted)."""
         self.sheds.labels(priority.value, reason, "true" if shadow else "false").inc()
+
+    def waited(self, resource: str, kind: str, seconds: float) -> None:
+        """A caller was admitted after sleeping ``seconds`` for a reservation."""
+        self.waits.labels(resource, kind).observe(seconds)
+
+    def credits_spent_units(self, resource: str, plan: str, units: int) -> None:
+        """A request was admitted at ``units`` of a prepaid balance of ``resource``."""
+        self.credits_spent.labels(resource, plan).inc(units)
+
+    def credits_granted_units(self, resource: str, units: int) -> None:
+        """A grant of ``units`` was written through this process."""
+        self.credits_granted.labels(resource).inc(units)
+
+    def credits_event(self, resource: str, event: str) -> None:
+        """One ``credits.low`` or ``credits.exhausted`` told (``flask_quota.credits``)."""
+        self.credits_events.labels(resource, event).inc()
 
     def count_shadow_denied(self, plan: str, tiers: Iterable[tuple[str, str]]) -> None:
         """Count ``shadow_denied`` once per (tier, policy name) that would have denied."""

@@ -14,7 +14,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from .storage.usage import (
     REQUESTS,
@@ -66,9 +66,17 @@ class UsageRecorder:
         self._flushing = threading.Lock()  # the sink gets batches one at a time, in order
         self._sent = -math.inf  # time.monotonic() of the last flush that carried counts
 
-    def record(self, identity: str, plan: str, outcomes: Iterable[tuple[str, Mark]]) -> None:
+    def record(
+        self,
+        identity: str,
+        plan: str,
+        outcomes: Iterable[tuple[str, Mark]],
+        units: Mapping[str, int] | None = None,
+    ) -> None:
         """Count one request: ``outcomes`` is (tier name, mark) per applied tier; the
-        request was admitted unless a tier is marked False (denied)."""
+        request was admitted unless a tier is marked False (denied). ``units`` gives a
+        tier the units it counts (a resource's tokens), 1 otherwise; the request itself
+        counts 1 whatever it weighs."""
         minute = self.sink.stamp() // US_PER_MINUTE
         with self._lock:
             if len(self._pending) >= self.max_pending:
@@ -78,7 +86,8 @@ class UsageRecorder:
             admitted = True
             for tier, mark in outcomes:
                 key = (minute, identity, tier, mark)
-                self._pending[key] = self._pending.get(key, 0) + 1
+                n = 1 if units is None else units.get(tier, 1)
+                self._pending[key] = self._pending.get(key, 0) + n
                 admitted = admitted and mark is not False
             key = (minute, identity, REQUESTS, admitted)
             self._pending[key] = self._pending.get(key, 0) + 1

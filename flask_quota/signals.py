@@ -23,6 +23,11 @@ server; ``identity``, ``client`` (the SQL client's id, else None), ``tenant``,
 ``resource`` (``user``, ``tenant`` or the resource), ``share`` and ``period`` (``start``
 and ``end``, ISO 8601 UTC). It is sent from flask-quota's writer thread inside an app
 context, within about ``QUOTA_SYNC_INTERVAL`` of the crossing, not in the request.
+``credits_low``: a prepaid balance fell to or under a ``QUOTA_ALERTS`` share of its last
+grant used up; ``credits_exhausted``: to or under zero. Each once per balance and grant
+across every worker and server, from the writer thread like ``quota_alert``, with
+``caller`` (the identity id), ``resource``, ``balance``, ``grant`` (the last grant's id),
+``units`` (its units) and, for ``credits_low``, ``share``.
 
 A receiver that raises is logged (with its traceback) and the others still run:
 the decision stands, whatever a receiver does.
@@ -36,6 +41,8 @@ from typing import Any
 from blinker import NamedSignal, Namespace
 
 __all__ = [
+    "credits_exhausted",
+    "credits_low",
     "notify",
     "quota_alert",
     "quota_exceeded",
@@ -55,6 +62,8 @@ quota_shadow_exceeded = _signals.signal("quota-shadow-exceeded")
 quota_near_limit = _signals.signal("quota-near-limit")
 quota_shed = _signals.signal("quota-shed")
 quota_alert = _signals.signal("quota-alert")
+credits_low = _signals.signal("quota-credits-low")
+credits_exhausted = _signals.signal("quota-credits-exhausted")
 storage_failed = _signals.signal("quota-storage-failed")
 storage_recovered = _signals.signal("quota-storage-recovered")
 

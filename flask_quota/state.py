@@ -19,6 +19,7 @@ from .core.generations import Generations
 from .core.plans import PlanCatalog
 from .core.policy import Policy
 from .core.priority import Priority
+from .credits import Credits
 from .ledger import Ledger
 from .overload import Shedder
 from .recorder import UsageRecorder
@@ -58,6 +59,7 @@ class QuotaState:
     # With QUOTA_WEBHOOK_URL: where events wait for the outbox (the ledger's writer,
     # which writes them also when the ledger is off).
     outbox: Ledger | None = None
+    credits: Credits | None = None  # prepaid balances' seeds, checkpoints and events
     proxy_warned: bool = False  # X-Forwarded-For without ProxyFix has been checked (once)
     # A request of this app has held a lease: from then on the app has the teardown hook
     # that gives leases back (see ``after.lease_teardown``).

@@ -12,6 +12,7 @@ from flask.cli import AppGroup
 
 from .blocks import block, blocks_cli, unblock
 from .clients import clients_cli
+from .credits import credits_cli
 from .db import db_cli
 from .networks import networks_cli
 from .overrides import overrides_cli
@@ -23,11 +24,16 @@ from .webhooks import webhooks_cli
 __all__ = ["quota_cli"]
 
 quota_cli = AppGroup(
-    "quota", help="Manage flask-quota plans, clients, overrides and usage; list the routes' limits."
+    "quota",
+    help=(
+        "Manage flask-quota plans, clients, overrides, credits, blocks, networks and "
+        "webhooks; see usage; list the routes' limits."
+    ),
 )
 for command in (
     plans_cli,
     clients_cli,
+    credits_cli,
     overrides_cli,
     blocks_cli,
     networks_cli,

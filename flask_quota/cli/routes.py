@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 from flask import Flask, current_app
 from flask.cli import with_appcontext
 from sqlalchemy.exc import SQLAlchemyError
+from werkzeug.exceptions import MethodNotAllowed, NotFound
+from werkzeug.routing import RequestRedirect, Rule
 
 from ..core.plans import PlanCatalog
 from ..core.policy import LimitSpec
@@ -25,21 +28,42 @@ from .common import app_state, table
 __all__ = ["routes"]
 
 STATUS_ENDPOINT = "flask_quota_status"  # the endpoint init_app gives QUOTA_STATUS_URL
+_OURS = __name__.split(".")[0] + "."  # blueprints made in this package: the dashboard's
 
 
 @click.command("routes")
 @click.option("--json", "as_json_", is_flag=True, help="Print JSON instead of tables.")
+@click.option(
+    "--endpoint",
+    metavar="NAME",
+    help="Only the rules of this endpoint, as `flask routes` names it (e.g. infer).",
+)
+@click.option(
+    "--path",
+    metavar="PATH",
+    help="Only the rules a request to PATH reaches, e.g. /v1/items/3 (any method).",
+)
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="Also list the routes flask-quota registers itself (the dashboard's).",
+)
 @with_appcontext
-def routes(as_json_: bool) -> None:
-    """List every URL rule with the limits that apply to it: why a request got 429."""
+def routes(as_json_: bool, endpoint: str | None, path: str | None, show_all: bool) -> None:
+    """List every URL rule with the limits that apply to it: why a request got 429.
+
+    The dashboard's own routes are left out unless --all is given (or --endpoint or
+    --path names one of them).
+    """
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
     state = app_state()
+    rules = _chosen_rules(app, endpoint, path, show_all)
     catalog = _catalog(app, state)
     priority_of = _priority_of(app, state) if state.settings.overload else None
     rows = route_rows(
-        app.url_map.iter_rules(), _limits_of(app, state), catalog,
-        state.settings.exempt_methods, priority_of,
-    )  # fmt: skip
+        rules, _limits_of(app, state), catalog, state.settings.exempt_methods, priority_of
+    )
     tiers = plan_tiers(catalog)
     if not state.settings.enabled:
         click.echo("warning: QUOTA_ENABLED is off: no limit applies to any request", err=True)
@@ -76,6 +100,77 @@ def routes(as_json_: bool) -> None:
         ["RULE", "METHODS", "ENDPOINT", *(["PRIORITY"] if classes else []), "LIMIT", "RATE",
          "COST", "FLAGS", *plans],
     )  # fmt: skip
+
+
+def _chosen_rules(app: Flask, endpoint: str | None, path: str | None, show_all: bool) -> list[Rule]:
+    """The rules to list: those ``--endpoint`` and ``--path`` name (both: those both
+    name), else every rule but flask-quota's own unless ``show_all``. Says on stderr how
+    many it hid; an endpoint or path that names nothing is an error."""
+    every = list(app.url_map.iter_rules())
+    if endpoint is None and path is None:
+        if show_all:
+            return every
+        shown = [rule for rule in every if not _registered_by_us(app, rule)]
+        if hidden := len(every) - len(shown):
+            click.echo(
+                f"{hidden} route{'s' if hidden != 1 else ''} of the flask-quota dashboard "
+                "not listed: --all lists them",
+                err=True,
+            )
+        return shown
+    chosen = every
+    if endpoint is not None:
+        chosen = [rule for rule in chosen if rule.endpoint == endpoint]
+        if not chosen:
+            raise click.ClickException(
+                f"no endpoint named {endpoint!r}: `flask quota routes --all` lists every "
+                "endpoint (the ENDPOINT column)"
+            )
+    if path is not None:
+        reached = _reached_by(app, path)
+        if not reached:
+            raise click.ClickException(
+                f"{path} could not be matched to any rule of the app: give a URL path "
+                "such as /v1/items/3, or a rule as `flask quota routes --all` prints it"
+            )
+        chosen = [rule for rule in chosen if rule in reached]
+        if not chosen:
+            raise click.ClickException(f"--endpoint {endpoint} does not match --path {path}")
+    return chosen
+
+
+def _registered_by_us(app: Flask, rule: Rule) -> bool:
+    """Whether ``rule`` belongs to a blueprint that flask-quota itself registered (the
+    dashboard), rather than to the app. The status and metrics URLs are the app's: it
+    configured them, and its callers reach them."""
+    blueprint = app.blueprints.get(rule.endpoint.rpartition(".")[0])
+    return blueprint is not None and blueprint.import_name.startswith(_OURS)
+
+
+def _reached_by(app: Flask, path: str) -> list[Rule]:
+    """The rules a request to ``path`` reaches with any method (a query string is
+    ignored), or the rule written exactly as ``path`` (``/items/<int:item>``)."""
+    every = list(app.url_map.iter_rules())
+    written = [rule for rule in every if rule.rule == path]
+    if written:
+        return written
+    target = urlsplit(path).path or "/"
+    adapter = app.url_map.bind(app.config.get("SERVER_NAME") or "localhost")
+    methods = sorted({method for rule in every for method in rule.methods or ()})
+    found: list[Rule] = []
+    for method in methods:
+        for _ in range(2):  # once more after a redirect (/quota -> /quota/)
+            try:
+                rule, _args = adapter.match(target, method=method, return_rule=True)
+            except RequestRedirect as redirect:
+                target = urlsplit(redirect.new_url).path
+                continue
+            except (NotFound, MethodNotAllowed):
+                break
+            if rule not in found:
+                found.append(rule)
+            break
+    return found
 
 
 def _catalog(app: Flask, state: QuotaState) -> PlanCatalog:

@@ -39,12 +39,14 @@ def refund_bucket(
     state: BucketState | None, now: int, rate: Rate, cost: int, charged_at: int
 ) -> Change | None:
     """GCRA cannot be undone exactly once others charged: take back the charge minus
-    the time since it was made, an upper bound that never over-credits."""
+    the time since it was made, an upper bound that never over-credits. A reservation
+    (``wait``) is charged at the time it is admitted, ahead of the decision: given back
+    before then, it was never spent, and comes back whole."""
     tau = rate.capacity * rate.interval_us
     tat = bucket_tat(state, now, tau)
     if tat is None or tat <= now:
         return None  # full again: the charge is gone
-    credit = cost * rate.interval_us - (now - charged_at)
+    credit = cost * rate.interval_us - max(0, now - charged_at)
     if credit <= 0:
         return None
     new_tat = tat - credit
@@ -57,15 +59,20 @@ def refund_fixed(
     state: tuple[int, int] | None, now: int, rate: Rate, cost: int, charged_at: int
 ) -> Change | None:
     window = rate.window_us
-    return refund_window(state, cost, charged_at - charged_at % window)
+    start = charged_at - charged_at % window
+    return refund_window(state, cost, start, ahead=start > now - now % window)
 
 
-def refund_window(state: tuple[int, int] | None, cost: int, start: int) -> Change | None:
-    """A fixed window's refund of a charge made in the window starting at ``start``."""
+def refund_window(
+    state: tuple[int, int] | None, cost: int, start: int, *, ahead: bool = False
+) -> Change | None:
+    """A fixed window's refund of a charge made in the window starting at ``start``. A
+    window ``ahead`` of now (a reservation's) keeps its state even at 0: it also says
+    the windows before it are full (``algorithms.window_step``)."""
     if state is None or state[0] != start:
         return None  # that window is over
     count = max(0, state[1] - cost)
-    return Change((state[0], count) if count else None, None)
+    return Change((state[0], count) if count or ahead else None, None)
 
 
 def refund_log(
@@ -95,6 +102,10 @@ def refund_counter(
         cur = max(0, cur - cost)  # still the current window
     elif start == charged_start + window:
         prev = max(0, prev - cost)  # the window rolled: our charge is now "previous"
+    elif start + window == charged_at:
+        # A reservation admitted as the window it is counted in ends (the previous
+        # weight gone at the boundary: ``algorithms.sliding_window_counter``).
+        cur = max(0, cur - cost)
     else:
         return None
     return Change((start, prev, cur) if prev or cur else None, None)
@@ -121,19 +132,26 @@ def charge_fixed(state: tuple[int, int] | None, now: int, rate: Rate, cost: int)
 def charge_window(
     state: tuple[int, int] | None, now: int, cost: int, start: int, end: int
 ) -> Change:
-    """A fixed window ``[start, end)``'s forced charge (epoch-aligned or calendar)."""
+    """A fixed window ``[start, end)``'s forced charge (epoch-aligned or calendar). A
+    state held ahead (a reservation's, ``algorithms.window_step``) takes it there."""
+    if state is not None and state[0] > start:
+        return Change((state[0], state[1] + cost), None)
     count = state[1] if state is not None and state[0] == start else 0
     return Change((start, count + cost), end - now)
 
 
 def charge_log(log: tuple[int, ...] | None, now: int, rate: Rate, cost: int) -> Change:
     window = rate.window_us
-    new = tuple(ts for ts in (log or ()) if ts > now - window) + (now,) * cost
+    live = tuple(ts for ts in (log or ()) if ts > now - window)
+    at = max(now, live[-1]) if live else now  # behind any reservation: the log stays in order
+    new = live + (at,) * cost
     return Change(new, new[-1] + window - now) if new else Change(None, None)
 
 
 def charge_counter(state: tuple[int, int, int] | None, now: int, rate: Rate, cost: int) -> Change:
     window = rate.window_us
+    if state is not None and state[0] > now - now % window:  # held ahead: charged there
+        return Change((state[0], state[1], state[2] + cost), None)
     start = now - now % window
     prev, cur = counter_counts(state, start, window)
     cur += cost

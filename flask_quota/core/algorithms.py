@@ -87,6 +87,8 @@ class Gate(StrEnum):
     # A lease on the fleet's one set of requests in flight (``QUOTA_CAPACITY``): stored and
     # decided as a lease; a gate of its own so the fail mode can give each worker its share.
     CAPACITY = "capacity"
+    # A prepaid balance (``core/credits.py``): spent, never refilled by time.
+    CREDITS = "credits"
 
     @property
     def code(self) -> str:
@@ -95,10 +97,10 @@ class Gate(StrEnum):
     @property
     def leases(self) -> bool:
         """True for a gate decided as a lease: a slot held until given back or expired."""
-        return self is not Gate.BLOCK
+        return self is Gate.LEASE or self is Gate.CAPACITY
 
 
-_GATE_CODES = {Gate.BLOCK: "blk", Gate.LEASE: "ls", Gate.CAPACITY: "cap"}
+_GATE_CODES = {Gate.BLOCK: "blk", Gate.LEASE: "ls", Gate.CAPACITY: "cap", Gate.CREDITS: "cr"}
 
 
 class Outcome(NamedTuple):
@@ -195,13 +197,18 @@ def _stepped_back(state: BucketState, now: int, tau: int) -> bool:
     return now < state[1]  # type: ignore[index]
 
 
-def token_bucket(state: BucketState | None, now: int, rate: Rate, cost: int) -> Step:
+def token_bucket(state: BucketState | None, now: int, rate: Rate, cost: int, wait: int = 0) -> Step:
     """GCRA: the state is one "theoretical arrival time" (TAT) per key.
 
     One token is worth ``interval`` microseconds; the bucket is full when
     ``tat <= now`` and empty when ``tat - now == tau`` (capacity * interval).
     The state is read by ``bucket_tat`` (a clock that stepped back costs at most a
     refill); what it stores is a plain TAT, at most ``tau`` ahead.
+
+    With ``wait`` (microseconds), a cost that fits once the bucket has refilled for at
+    most ``wait`` is admitted now as a reservation: the TAT moves past empty (a debt,
+    ``bucket_state``) and the step's ``retry_after_us`` is how long the caller must
+    sleep before it acts. Later callers queue behind it (FIFO): the debt is theirs too.
     """
     interval = rate.interval_us
     tau = rate.capacity * interval
@@ -223,60 +230,140 @@ def token_bucket(state: BucketState | None, now: int, rate: Rate, cost: int) -> 
     if new_tat - now <= tau:
         remaining = (tau - (new_tat - now)) // interval
         return _step((True, rate.capacity, remaining, new_tat, 0, new_tat, new_tat - now))
-    remaining = (tau - (base - now)) // interval
     retry = new_tat - tau - now
+    if retry <= wait:  # a reservation: the caller sleeps ``retry`` first
+        state = bucket_state(new_tat, now, tau)
+        return _step((True, rate.capacity, 0, new_tat, retry, state, new_tat - now))
+    remaining = (tau - (base - now)) // interval
     return _step((False, rate.capacity, remaining, base, retry, repair, repair_ttl))
 
 
-def fixed_window(state: tuple[int, int] | None, now: int, rate: Rate, cost: int) -> Step:
-    """Counter per window aligned to the epoch; the state is ``(window_start, count)``."""
+def fixed_window(
+    state: tuple[int, int] | None, now: int, rate: Rate, cost: int, wait: int = 0
+) -> Step:
+    """Counter per window aligned to the epoch; the state is ``(window_start, count)``.
+
+    With ``wait``, a cost that fits in the next window, which starts within ``wait``,
+    is reserved there (``window_step``)."""
     window = rate.window_us
     start = now - now % window
-    return window_step(state, now, rate.limit, start, start + window, cost)
+    return window_step(state, now, rate.limit, start, start + window, cost, wait)
 
 
 def window_step(
-    state: tuple[int, int] | None, now: int, limit: int, start: int, end: int, cost: int
+    state: tuple[int, int] | None,
+    now: int,
+    limit: int,
+    start: int,
+    end: int,
+    cost: int,
+    wait: int = 0,
 ) -> Step:
     """A fixed window ``[start, end)``'s decision: the epoch-aligned one above, or a
-    calendar month or year (``calendar.Calendar``), whose length varies."""
+    calendar month or year (``calendar.Calendar``), whose length varies (a calendar
+    window never reserves: its next window is that far away).
+
+    A reservation stores the next window's state, ``(end, cost)``: a state that starts
+    after ``start`` says this window is full (it was, for the cost that reserved) and
+    that later callers queue in the stored window (``_window_ahead``)."""
+    if state is not None and state[0] > start:
+        return _window_ahead(state, now, limit, end - start, cost, wait)
     count = state[1] if state is not None and state[0] == start else 0
     if count + cost <= limit:
         used = count + cost
         reset = end if used > 0 else now
         return _step((True, limit, limit - used, reset, 0, (start, used), reset - now))
+    if wait and 0 < cost <= limit and end - now <= wait:  # reserved in the next window
+        length = end - start
+        return _step((True, limit, 0, end + length, end - now, (end, cost), end + length - now))
     reset = end if count > 0 else now
     # A cost above the limit never fits; say "one window" rather than "never".
     retry = end - now if cost <= limit else end - start
     return _step((False, limit, limit - count, reset, retry, state, 0))
 
 
-def sliding_window_log(log: tuple[int, ...] | None, now: int, rate: Rate, cost: int) -> Step:
-    """One timestamp per unit of cost, oldest first; entries older than a window drop out."""
+def _window_ahead(
+    state: tuple[int, int], now: int, limit: int, length: int, cost: int, wait: int
+) -> Step:
+    """A fixed window read before the window its state holds (a reservation's): every
+    window before that one is full; callers reserve in it, or in the one after."""
+    ahead, count = state
+    ttl = ahead + length - now
+    if cost == 0:  # takes nothing: admitted now, the state stays
+        return _step((True, limit, 0, ahead + length, 0, state, ttl))
+    if count + cost <= limit:
+        retry = ahead - now
+        if retry <= wait:
+            return _step((True, limit, 0, ahead + length, retry, (ahead, count + cost), ttl))
+    else:
+        retry = ahead + length - now if cost <= limit else length
+        if cost <= limit and retry <= wait:
+            after = (ahead + length, cost)
+            return _step((True, limit, 0, ahead + 2 * length, retry, after, ttl + length))
+    return _step((False, limit, 0, ahead + length, retry, state, 0))
+
+
+def sliding_window_log(
+    log: tuple[int, ...] | None, now: int, rate: Rate, cost: int, wait: int = 0
+) -> Step:
+    """One timestamp per unit of cost, oldest first; entries older than a window drop out.
+
+    With ``wait``, a cost that fits within ``wait`` is reserved: its entries carry the
+    time it will be admitted, ahead of ``now``, and count from now on. A caller finding
+    such entries queues behind them (never admitted before a reservation: FIFO, and the
+    log stays in order)."""
     window = rate.window_us
     live = tuple(ts for ts in (log or ()) if ts > now - window)
     count = len(live)
+    if live and live[-1] > now and cost:  # callers are waiting: queue behind them
+        return _log_reserve(log, live, now, rate, cost, wait)
     if count + cost <= rate.limit:
         new = live + (now,) * cost
         reset = new[-1] + window if new else now
         return _step((True, rate.limit, rate.limit - len(new), reset, 0, new, reset - now))
     reset = live[-1] + window if live else now
     # The request fits once the (count + cost - limit) oldest entries have expired.
+    if wait and 0 < cost <= rate.limit:
+        return _log_reserve(log, live, now, rate, cost, wait)
     retry = live[count + cost - rate.limit - 1] + window - now if cost <= rate.limit else window
     return _step((False, rate.limit, rate.limit - count, reset, retry, log, 0))
 
 
+def _log_reserve(
+    log: tuple[int, ...] | None, live: tuple[int, ...], now: int, rate: Rate, cost: int, wait: int
+) -> Step:
+    """A log's reservation: its entries at the time the cost fits (once the oldest
+    entries in its way expire), and never before the last waiter's."""
+    window, count = rate.window_us, len(live)
+    if cost > rate.limit:  # never fits: say one window
+        return _step(
+            (False, rate.limit, max(0, rate.limit - count), live[-1] + window, window, log, 0)
+        )
+    over = count + cost - rate.limit  # entries that must expire first
+    at = max(live[over - 1] + window if over > 0 else now, live[-1])
+    if at - now <= wait:
+        new = live + (at,) * cost
+        return _step((True, rate.limit, 0, at + window, at - now, new, at + window - now))
+    return _step((False, rate.limit, max(0, rate.limit - count), at + window, at - now, log, 0))
+
+
 def sliding_window_counter(
-    state: tuple[int, int, int] | None, now: int, rate: Rate, cost: int
+    state: tuple[int, int, int] | None, now: int, rate: Rate, cost: int, wait: int = 0
 ) -> Step:
     """Cloudflare's estimate: ``prev * (1 - elapsed/window) + cur``.
 
     The state is ``(window_start, previous_count, current_count)``. The previous
     window's weighted count is rounded up to a whole unit, in exact integers (the
     Lua twin's ``muldiv`` computes the same where the product passes 2^53).
+
+    With ``wait``, a cost that fits within ``wait`` is reserved: counted now in the
+    window it will be admitted in, this one (the previous window's weight decays) or
+    the next, whose state is then stored ahead (``_counter_ahead``).
     """
     window = rate.window_us
     start = now - now % window
+    if state is not None and state[0] > start:
+        return _counter_ahead(state, now, rate, cost, wait)
     prev, cur = counter_counts(state, start, window)
     weighted = -(-prev * (window - (now - start)) // window)
     if weighted + cur + cost <= rate.limit:
@@ -295,18 +382,41 @@ def sliding_window_counter(
         )
     remaining = max(0, rate.limit - weighted - cur)
     retry = _counter_retry(start, prev, cur, now, rate, cost)
+    if 0 < cost <= rate.limit and retry <= wait:
+        if now + retry < start + window:  # in this window, once the previous one decays
+            held = (start, prev, cur + cost)
+        else:  # in the next: stored ahead, so this window reads as full
+            held = (start + window, cur, cost)
+        reset = counter_reset(held[0], held[1], held[2], now, window)
+        return _step((True, rate.limit, 0, reset, retry, held, reset - now))
     reset = counter_reset(start, prev, cur, now, window)
-    return _step(
-        (
-            False,
-            rate.limit,
-            remaining,
-            reset,
-            retry,
-            state,
-            0,
-        )
-    )
+    return _step((False, rate.limit, remaining, reset, retry, state, 0))
+
+
+def _counter_ahead(state: tuple[int, int, int], now: int, rate: Rate, cost: int, wait: int) -> Step:
+    """A sliding counter read before the window its state holds (a reservation's): the
+    windows before are full; callers reserve in the stored one as its previous
+    window's weight decays."""
+    window = rate.window_us
+    ahead, prev, cur = state
+    reset = counter_reset(ahead, prev, cur, now, window)
+    if cost == 0:  # takes nothing: admitted now, the state stays
+        return _step((True, rate.limit, 0, reset, 0, state, reset - now))
+    if cost > rate.limit:  # never fits: say one window
+        return _step((False, rate.limit, 0, reset, window, state, 0))
+    need = rate.limit - cur - cost  # room the stored window's previous weight must leave
+    if need >= 0:  # in the stored window
+        at = ahead if need >= prev else ahead + window - need * window // prev
+        held = (ahead, prev, cur + cost)
+    else:  # in the one after, as the stored window's own count decays
+        need = rate.limit - cost
+        at = ahead + window if need >= cur else ahead + 2 * window - need * window // cur
+        held = (ahead + window, cur, cost)
+    retry = max(1, at - now)
+    if retry > wait:
+        return _step((False, rate.limit, 0, reset, retry, state, 0))
+    reset = counter_reset(held[0], held[1], held[2], now, window)
+    return _step((True, rate.limit, 0, reset, retry, held, reset - now))
 
 
 def counter_counts(state: tuple[int, int, int] | None, start: int, window: int) -> tuple[int, int]:

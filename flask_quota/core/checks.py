@@ -29,6 +29,9 @@ class Check:
     calendar: Calendar | None = None
     """Set for a calendar rate (``N/month``): the zone and billing day its window follows;
     the algorithm is then ``FIXED_WINDOW``."""
+    wait_us: int = 0
+    """How long a caller may wait for room (``wait=``, ``delay=``): a cost that fits
+    within it is reserved and allowed, its outcome's ``retry_after_us`` the wait."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,6 @@ def shown_limit(check: Check) -> int:
 def keyed(checks: Sequence[Check], keys: Sequence[str]) -> list[Check]:
     """``checks`` with ``keys`` (in the same order) in place of their own keys."""
     return [
-        Check(key, c.algorithm, c.rate, c.cost, c.shadow, c.calendar)
+        Check(key, c.algorithm, c.rate, c.cost, c.shadow, c.calendar, c.wait_us)
         for c, key in zip(checks, keys, strict=True)
     ]

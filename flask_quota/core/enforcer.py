@@ -19,7 +19,15 @@ from typing import Protocol
 from . import leases
 from .algorithms import Outcome
 from .checks import Check
-from .errors import CallerBlocked, QuotaExceeded, QuotaUnavailable, RequestShed
+from .credits import SEED
+from .errors import (
+    CallerBlocked,
+    CreditsExhausted,
+    QuotaExceeded,
+    QuotaUnavailable,
+    RequestShed,
+    upgrade_for,
+)
 from .facts import Facts, Limit
 from .generations import Generations
 from .keys import KeyBuilder
@@ -66,6 +74,7 @@ class Decided:
     # the near-limit line: told once the response says what the request was charged
     # (``Enforcer.settle``, ``Enforcer.done``); None when none did.
     near: list[int] | None = None
+    caller: str | None = None  # the identity's id: whose prepaid balances the route spends
 
     def decision(self) -> Decision:
         return self.route.decision(self.reply)[1]
@@ -89,6 +98,17 @@ class Guard(Protocol):
     def charge(self, checks: Sequence[Check]) -> None: ...
 
     def release(self, checks: Sequence[Check], *, local: bool) -> None: ...
+
+
+class CreditBook(Protocol):
+    """The prepaid balances' SQL side, as the enforcer calls it (``flask_quota.credits``).
+    Each item is (storage key, the caller's identity id, resource)."""
+
+    def seed(self, items: Sequence[tuple[str, str, str]]) -> None:
+        """Put each balance, rebuilt from SQL, where the storage holds none."""
+
+    def spent(self, items: Sequence[tuple[str, str, str]]) -> None:
+        """These balances changed: checkpoint them (within the sync interval)."""
 
 
 class DecisionObserver(Protocol):
@@ -145,6 +165,18 @@ def counted_by(
     return spec is None or counted(spec)
 
 
+_OWN_LIMITS = (Tier.ENDPOINT, Tier.CONCURRENT, Tier.CREDITS)  # a denial a view's limit owns
+
+
+def _unseeded(route: Route, reply: Reply) -> Reply:
+    """``reply`` with each seed mark (``credits.SEED``) made a plain refusal (a wait of 0),
+    so that the denial is found like any other (a negative wait would never be)."""
+    for i in route.credits:
+        if not reply.allowed(i) and reply.outcome(i, 0).retry_after_us == SEED:
+            reply.set_retry(i, 0)
+    return reply
+
+
 def _priority_of(facts: Facts | None) -> Priority:
     """The class of the request ``facts`` describe (``default`` when it has none)."""
     found = facts.priority if facts is not None else None
@@ -156,7 +188,7 @@ def _denying(facts: Facts | None, denied: TierResult) -> tuple[LimitSpec | None,
     ``concurrent=`` denial is that limit's too."""
     if facts is None:
         return None, 1
-    if denied.tier not in (Tier.ENDPOINT, Tier.CONCURRENT) or denied.resource is None:
+    if denied.tier not in _OWN_LIMITS or denied.resource is None:
         return None, facts.cost
     for spec, cost, _ in facts.more:
         if spec.resource == denied.resource:
@@ -198,8 +230,10 @@ class Enforcer:
         observer: DecisionObserver | None = None,
         near: float | None = None,
         alerts: tuple[float, ...] = (),
+        credits: CreditBook | None = None,
     ) -> None:
         self.guard = guard
+        self.credits = credits  # prepaid balances: seeded from and checkpointed to SQL
         self.policy = policy
         self.catalog = catalog
         self.anonymous_plan = anonymous_plan
@@ -266,9 +300,15 @@ class Enforcer:
             reply = self._call(route.calls, keys)
         if reply is None:  # storage down, failing open
             return None
+        caller = facts.identity.id if facts.identity is not None else None
+        if route.credits:  # prepaid balances: seeded when the storage holds none
+            reply = self._credited(route, reply, keys, caller)
+            if reply is None:
+                return None
         decided = Decided(
-            route, reply, keys, tag, spec, tuple(s for s, _, _ in more) if more else ()
-        )
+            route, reply, keys, tag, spec, tuple(s for s, _, _ in more) if more else (),
+            caller=caller,
+        )  # fmt: skip
         admitted = reply.all_allowed
         # Only an admitted request was charged, so only it can cross the near-limit line.
         crossed = route.crossings(reply) if admitted and route.lines else None
@@ -288,6 +328,47 @@ class Enforcer:
             observer=observer, local=type(reply) is LocalReply, decided=decided, keep=keep,
             crossed=crossed,
         )  # fmt: skip
+
+    def _credited(
+        self, route: Route, reply: Reply, keys: list[str], caller: str | None
+    ) -> Reply | None:
+        """``reply`` for a route that spends prepaid balances: asked again once after
+        seeding those the storage did not hold (lost with the counters, or never used),
+        and noted for the checkpoint when admitted. An anonymous caller has no balance:
+        its request is refused (402, balance 0). The in-process fallback cannot decide a
+        balance (each worker would spend a copy of it): 503 while the storage is down."""
+        if type(reply) is LocalReply:
+            raise QuotaUnavailable(1)
+        book = self.credits
+        if book is None or caller is None:
+            return _unseeded(route, reply)
+        if not reply.all_allowed:
+            missing = [
+                (keys[i], caller, route.tiers[i - 1].resource or "")
+                for i in route.credits
+                if reply.outcome(i, 0).retry_after_us == SEED
+            ]
+            if not missing:
+                return reply
+            try:
+                book.seed(missing)
+            except Exception as exc:  # SQL or the storage away: the balance is unknown
+                log.warning("flask-quota: a prepaid balance could not be rebuilt (%s)", exc)
+                raise QuotaUnavailable(1) from None
+            again = self._call(route.calls, keys)
+            if again is None:
+                return None
+            if type(again) is LocalReply:
+                raise QuotaUnavailable(1)
+            reply = _unseeded(route, again)  # lost again meanwhile: refused, balance 0
+        if reply.all_allowed:
+            book.spent(self._balances(route, keys, caller))
+        return reply
+
+    @staticmethod
+    def _balances(route: Route, keys: Sequence[str], caller: str) -> list[tuple[str, str, str]]:
+        """(key, caller, resource) of each prepaid balance ``route`` spends."""
+        return [(keys[i], caller, route.tiers[i - 1].resource or "") for i in route.credits]
 
     def conclude(
         self,
@@ -340,21 +421,29 @@ class Enforcer:
             self.events.exceeded(decision)
         # Waiting for a slot is what a concurrency denial asks (Retry-After: 1), so it
         # never counts towards QUOTA_BLOCK_AFTER.
-        if self.escalate is not None and tag is not None and denied.tier is not Tier.CONCURRENT:
+        # Nor does a spent balance: waiting does not refill it.
+        if (
+            self.escalate is not None
+            and tag is not None
+            and denied.tier is not Tier.CONCURRENT
+            and denied.tier is not Tier.CREDITS
+        ):
             block = self.escalate(tag)
             if block is not None:
                 # Blocked now: by this denial, or meanwhile by anyone (an operator too),
                 # so what the block says is read, as at the gate.
                 raise self.refusal(decision, block, gate_key)
         limit, cost = _denying(facts, denied)
-        resource_name = denied.resource if denied.tier is Tier.ENDPOINT else None
-        if denied.tier is Tier.CONCURRENT:
-            upgrade = leases.upgrade_hint(catalog, plan.name, of_plan=denied.resource is None)
-        else:
-            upgrade = catalog.upgrade_hint(plan.name, denied.tier, resource_name)
+        metered = denied.tier is Tier.ENDPOINT or denied.tier is Tier.CREDITS
+        resource_name = denied.resource if metered else None
+        upgrade = upgrade_for(
+            catalog, plan, denied.tier, denied.resource if denied.tier is Tier.CONCURRENT
+            else resource_name,
+        )  # fmt: skip
         unit = plan.unit_for(resource_name, limit.unit if limit is not None else None)
         detail = error_detail(limit, facts.endpoint if facts is not None else None)
-        raise QuotaExceeded(decision, upgrade=upgrade, cost=cost, detail=detail, unit=unit)
+        error = CreditsExhausted if denied.tier is Tier.CREDITS else QuotaExceeded
+        raise error(decision, upgrade=upgrade, cost=cost, detail=detail, unit=unit)
 
     def shed(
         self,
@@ -484,7 +573,7 @@ class Enforcer:
         charges: list[Check] = []
         room = [0] * len(checks)  # per result: the units of room the correction gives
         for i, (t, result) in enumerate(zip(checks, decision.results, strict=True)):
-            if t.tier is not Tier.ENDPOINT:
+            if t.tier is not Tier.ENDPOINT and t.tier is not Tier.CREDITS:
                 continue
             keep = (
                 counted if isinstance(counted, bool) else counted_by(counted, decided, t.resource)
@@ -502,9 +591,13 @@ class Enforcer:
                                      c.calendar))  # fmt: skip
             room[i] = charged - target
         if refunds:
-            self.guard.refund(refunds, decision.now_us)
+            # A delayed request's charge was made for the time it was admitted at.
+            self.guard.refund(refunds, decision.now_us + decided.reply.wait_us())
         if charges:
             self.guard.charge(charges)
+        route = decided.route
+        if route.credits and (refunds or charges) and self.credits and decided.caller is not None:
+            self.credits.spent(self._balances(route, decided.keys, decided.caller))
         settled = decision
         if refunds or charges:
             settled = decision.adjusted(room, [t.check.algorithm for t in checks])

@@ -13,22 +13,26 @@ from werkzeug.exceptions import (
     Unauthorized,
 )
 
+from . import leases
 from .algorithms import Outcome
 from .clock import ceil_seconds
 from .headers import ENVIRON_KEY, RETRY_AFTER
+from .plans import Plan, PlanCatalog
 from .policy import Decision
-from .tiers import Tier
+from .tiers import RATE_TIERS, Tier
 from .validators import DEFAULT_UNIT as UNIT
 
 __all__ = [
     "PROBLEM_TYPE",
     "CallerBlocked",
+    "CreditsExhausted",
     "InvalidApiKey",
     "NetworkDenied",
     "QuotaExceeded",
     "QuotaUnavailable",
     "RequestShed",
     "retry_after_seconds",
+    "upgrade_for",
 ]
 
 PROBLEM_TYPE = "https://iana.org/assignments/http-problem-types#quota-exceeded"
@@ -178,6 +182,73 @@ class QuotaExceeded(_Problem, TooManyRequests):
     def extra_headers(self) -> list[tuple[str, str]]:
         """``Retry-After`` in whole seconds, at least 1."""
         return [(RETRY_AFTER, str(self.retry_after))]
+
+
+class CreditsExhausted(QuotaExceeded):
+    """A prepaid balance (a plan's ``"credits"`` resource) holds too few units for the
+    request's cost: **402 Payment Required**, without ``Retry-After`` (time refills
+    nothing), ``"tier": "credits"``, the ``balance`` left and the ``upgrade`` hint (where
+    to buy more: ``QUOTA_UPGRADE_URL``). No other budget of the request was charged.
+
+    A subclass of ``QuotaExceeded`` for what it carries; Flask dispatches it by its code,
+    so an app customises it with ``@app.errorhandler(CreditsExhausted)`` or ``(402)``.
+    """
+
+    code = 402
+    name = "Payment Required"
+
+    def _denial(self, decision: Decision, cost: int) -> _Denial:
+        denied = decision.denied
+        if denied is None or denied.tier is not Tier.CREDITS:
+            raise ValueError("CreditsExhausted needs a decision in which a credits check denied")
+        self.balance = denied.outcome.remaining
+        self.cost = cost
+        counted = "" if self.unit == UNIT else f" {self.unit}"
+        detail = (
+            f"Not enough prepaid credits for {denied.resource!r}: this request needs {cost}"
+            f"{counted}, the balance is {self.balance}."
+        )
+        return _Denial(detail, Tier.CREDITS, denied.name, denied.resource, 0, 0,
+                       max(0, self.balance), 0, 0)  # fmt: skip
+
+    def problem(self) -> dict[str, Any]:
+        """The 402 problem body: the balance and this request's cost instead of a wait."""
+        return {
+            "type": "about:blank",
+            "title": self.name,
+            "status": 402,
+            "detail": self.description,
+            "violated-policies": [self.policy],
+            "tier": str(self.tier),
+            "resource": self.resource,
+            "plan": self.plan,
+            "balance": self.balance,
+            "cost": self.cost,
+            "upgrade": self.upgrade,
+        }
+
+    def extra_headers(self) -> list[tuple[str, str]]:
+        """None: waiting refills nothing, so there is no ``Retry-After``."""
+        return []
+
+
+def upgrade_for(catalog: PlanCatalog, plan: Plan, tier: Tier, resource: str | None) -> str | None:
+    """The ``upgrade`` of a denial by ``tier``: the one rule. A plan's own ``upgrade``
+    text is about its rates, so it replaces the generated hint on a rate tier's denial
+    only (``catalog.upgrade_hint``). Any other denial gets the plan's text for its kind
+    (``Plan.upgrades``: ``concurrent``, ``credits``) when the plan says one, else its own
+    generated hint: the next plan that allows more in flight (a plan's concurrency
+    limit), where to buy credits (``QUOTA_UPGRADE_URL``), or none."""
+    if tier in RATE_TIERS:
+        return catalog.upgrade_hint(plan.name, tier, resource)
+    own = plan.upgrades.get(tier.value)
+    if own is not None:
+        return own
+    if tier is Tier.CONCURRENT:
+        return leases.upgrade_hint(catalog, plan.name, of_plan=resource is None)
+    if tier is Tier.CREDITS:
+        return f"Buy more credits: see {catalog.upgrade_url}"
+    return None
 
 
 def _concurrent_detail(slots: int, resource: str | None, plan: str) -> str:

@@ -16,6 +16,7 @@ from typing import Protocol
 __all__ = [
     "CONCURRENCY_LIMIT",
     "CONCURRENCY_REMAINING",
+    "DELAYED",
     "ENVIRON_KEY",
     "LIMIT",
     "NAMES",
@@ -72,8 +73,15 @@ RETRY_AFTER = "Retry-After"  # on our 429s and 503s
 # The tightest concurrency limit's slots and free slots (no IETF field exists for them).
 CONCURRENCY_LIMIT = "X-Concurrency-Limit"
 CONCURRENCY_REMAINING = "X-Concurrency-Remaining"
+# Seconds a request was held before its view by a limit's ``delay=`` (no IETF field
+# exists for it either), with three decimals; absent when it was not held.
+DELAYED = "X-RateLimit-Delayed"
+# A prepaid balance (a plan's "credits" resource) after the request, and its resource.
+CREDITS_BALANCE = "X-Credits-Balance"
+CREDITS_RESOURCE = "X-Credits-Resource"
+CREDITS = (CREDITS_BALANCE, CREDITS_RESOURCE)
 # What QUOTA_HEADER_NAMES may rename: every header we send. A new header joins here.
-RENAMEABLE = (*NAMES, RETRY_AFTER, CONCURRENCY_LIMIT, CONCURRENCY_REMAINING)
+RENAMEABLE = (*NAMES, RETRY_AFTER, CONCURRENCY_LIMIT, CONCURRENCY_REMAINING, DELAYED, *CREDITS)
 # Where a request's WSGI environ holds the app's ``Renamer``, when it renames: an error
 # we raise (errors.py) reads it as Werkzeug renders the error, wherever it was raised.
 ENVIRON_KEY = "flask_quota.header_names"
@@ -101,7 +109,9 @@ def policy_header(tiers: tuple[tuple[str, int, int], ...]) -> str:
 
 
 # Lower-cased: when the response has none of them, appending gives what replacing would.
-OURS = frozenset(name.lower() for name in (*NAMES, CONCURRENCY_LIMIT, CONCURRENCY_REMAINING))
+OURS = frozenset(
+    name.lower() for name in (*NAMES, CONCURRENCY_LIMIT, CONCURRENCY_REMAINING, DELAYED, *CREDITS)
+)
 
 
 class Renamer:

@@ -156,6 +156,10 @@ class KeyBuilder:
             return f"{self.prefix}:{{{tag}}}:c"
         return f"{self.prefix}:{{{tag}}}:c:{escape(resource)}"
 
+    def credits_key(self, tag: str, resource: str) -> str:
+        """A caller's prepaid balance of ``resource`` (every method): in its hash slot."""
+        return f"{self.prefix}:{{{tag}}}:cr:{escape(resource)}"
+
     def endpoint_key(self, tag: str, method: str, resource: str, algorithm: Algorithm) -> str:
         """The endpoint tier's key: caller, method and resource."""
         return f"{self.prefix}:{{{tag}}}:e:{_route_part(method, resource)}:{algorithm.code}"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .checks import shown_limit
+from .clock import US
 from .enforcer import Enforcer
 from .errors import QuotaExceeded
 from .facts import Facts, rated
@@ -24,12 +25,16 @@ from .policy import Decision, LimitSpec, TierResult, on_billing_day
 from .rates import Rate, Rates, parse_rates
 from .reply import LocalReply
 from .validators import is_count, resource_name
+from .waiting import sleep_reserved, wait_us
 
 __all__ = ["Limited", "limited_spec"]
 
 # Where ``Limited`` learns, on entry, what to decide with: the enforcer and the current
 # request's caller (None outside a request); None for all of it when quota is switched off.
 Context = Callable[[], tuple[Enforcer, Facts | None] | None]
+
+# Told, after a reservation's sleep, of its resource and the seconds slept (the metrics).
+Waited = Callable[[str, float], None]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
@@ -47,10 +52,13 @@ def limited_spec(
     resource: str | None,
     key: str | None,
     cost: int,
+    wait: float | None = None,
 ) -> LimitedSpec:
     """``quota.limited``'s arguments checked: a bad one is refused when the limit is made,
     not when it is first entered. A callable ``rate`` is asked on every entry, as
-    ``@quota.limit``'s is; its bucket must then be named (``resource``)."""
+    ``@quota.limit``'s is; its bucket must then be named (``resource``). ``wait``: the
+    seconds a caller may wait for room (``core.waiting``)."""
+    waits = wait_us(wait) if wait is not None else 0
     if callable(rate):
         if resource is None:
             raise ValueError(
@@ -69,7 +77,8 @@ def limited_spec(
         raise TypeError(f"quota.limited(key=...) takes a non-empty str, got {key!r}")
     if not is_count(cost):
         raise ValueError(f"quota.limited(cost=...) takes an int >= 0, got {cost!r}")
-    return LimitedSpec(LimitSpec(rates, resource, cost, per_method=False, rate_of=rate_of), key)
+    limit = LimitSpec(rates, resource, cost, per_method=False, rate_of=rate_of, wait_us=waits)
+    return LimitedSpec(limit, key)
 
 
 class Limited(ContextDecorator):
@@ -78,17 +87,22 @@ class Limited(ContextDecorator):
     nothing back: the work was attempted."""
 
     def __init__(
-        self, spec: LimitedSpec, context: Context, denied: Callable[[], None] | None = None
+        self,
+        spec: LimitedSpec,
+        context: Context,
+        denied: Callable[[], None] | None = None,
+        waited: Waited | None = None,
     ) -> None:
         self.spec = spec
         self.context = context
         self.denied = denied  # told of a denial before it is raised (the extension's note)
+        self.waited = waited  # told of a wait slept (the metrics)
 
     def __enter__(self) -> Limited:
         found = self.context()
         if found is not None:
             try:
-                enforce(self.spec, *found)
+                enforce(self.spec, *found, waited=self.waited)
             except QuotaExceeded:
                 if self.denied is not None:
                     self.denied()
@@ -99,11 +113,14 @@ class Limited(ContextDecorator):
         return None
 
 
-def enforce(spec: LimitedSpec, enforcer: Enforcer, facts: Facts | None) -> None:
+def enforce(
+    spec: LimitedSpec, enforcer: Enforcer, facts: Facts | None, *, waited: Waited | None = None
+) -> None:
     """Charge ``spec``'s bucket in one storage call; raises ``QuotaExceeded`` when it
     denies, and lets the call pass when the storage fails open. Decided through the
     enforcer's tail (``Enforcer.conclude``), as a view's limit is: metrics, spans,
-    signals and, in a request, ``QUOTA_BLOCK_AFTER`` for its caller."""
+    signals and, in a request, ``QUOTA_BLOCK_AFTER`` for its caller. Admitted by a
+    reservation (``wait=``), it sleeps until its time first (``core.waiting``)."""
     limit = spec.limit
     resource = limit.resource or ""
     if limit.rate_of is not None:
@@ -129,6 +146,13 @@ def enforce(spec: LimitedSpec, enforcer: Enforcer, facts: Facts | None) -> None:
     observer = enforcer.watching()
     keys = [c.key for c in checks]
     reply = enforcer.ask(checks, keys, lambda: tiers, plan, observer)
+    if reply is not None and reply.all_allowed and limit.wait_us:
+        wait = reply.wait_us()
+        if wait:  # reserved: sleep until its time; interrupted, give it back
+            at = reply.now_us + wait
+            sleep_reserved(wait, lambda: enforcer.guard.refund(checks, at))
+            if waited is not None:
+                waited(resource, wait / US)
     if reply is None or (reply.all_allowed and observer is None):
         return  # admitted (the usual case), or the storage failed open
     results = tuple(

@@ -9,13 +9,14 @@ from typing import Any
 
 from . import validators
 from .algorithms import Algorithm, unfit
-from .rates import Rate, Rates, parse_rates
+from .rates import Credits, Rate, Rates, parse_rates
 from .tiers import Tier
 from .validators import DEFAULT_UNIT
 
 __all__ = [
     "DEFAULT_PLANS",
     "ENFORCED",
+    "UPGRADE_KINDS",
     "Limit",
     "LimitMode",
     "Plan",
@@ -25,6 +26,10 @@ __all__ = [
     "plan_config",
     "plans_config",
 ]
+
+
+UPGRADE_KINDS = (Tier.CONCURRENT.value, Tier.CREDITS.value)
+"""The denials besides the rates' whose upgrade text a plan may give (``Plan.upgrades``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +88,28 @@ class Plan:
     # resource -> what it counts ("tokens"); a resource missing here counts the
     # decorator's unit, else requests.
     units: Mapping[str, str] = field(default_factory=dict)
+    # The upgrade text of a denial that is not a rate's: "concurrent" or "credits" ->
+    # text (``upgrade`` is about the rates; ``errors.upgrade_for`` is the rule).
+    upgrades: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("global_rate", "user_rate", "tenant_rate"):
             value: Rate | Rates | None = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, parse_rates(value))
+                if isinstance(getattr(self, name), Credits):
+                    tier = name.removesuffix("_rate")
+                    raise ValueError(
+                        f"the {tier} tier cannot be 'credits': a prepaid balance is a "
+                        "resource's, e.g. {'resources': {'ai_tokens': 'credits'}}"
+                    )
+        unknown = set(self.upgrades) - set(UPGRADE_KINDS)
+        if unknown:
+            raise ValueError(
+                f"upgrade texts for {sorted(unknown)}: a plan's upgrade may name "
+                f"{', '.join(('rates', *UPGRADE_KINDS))}"
+            )
+        object.__setattr__(self, "upgrades", MappingProxyType(dict(self.upgrades)))
         if self.concurrent is not None:
             validators.concurrency(self.concurrent)
         # Copies behind read-only views: a plan is a value (requests cache what they
@@ -118,6 +139,7 @@ class Plan:
         upgrade: str | None = None,
         concurrent: int | None = None,
         units: Mapping[str, str] | None = None,
+        upgrades: Mapping[str, str] | None = None,
     ) -> Plan:
         """The plan of ``limits``, keyed by tier and resource (a later one for the same
         key wins): the inverse of ``limits()``, with the plan's other fields."""
@@ -141,6 +163,7 @@ class Plan:
             rates.get((Tier.TENANT.value, "")),
             concurrent,
             dict(units or {}),
+            dict(upgrades or {}),
         )
 
     def limits(self) -> tuple[Limit, ...]:
@@ -231,6 +254,8 @@ class PlanCatalog(Mapping[str, Plan]):
         later = self._order[self._order.index(plan) + 1 :] if plan in self._plans else []
         for name in later:
             theirs = self._plans[name].rate_for(tier, resource)
+            if isinstance(theirs, Credits):
+                continue  # a balance is not "more" of a rate
             if theirs is not None and (mine is None or theirs.per_second > mine.per_second):
                 return f"{name.capitalize()} raises this to {theirs.per()}: see {self.upgrade_url}"
         return None
@@ -328,13 +353,15 @@ def catalog_from_config(
             limits.append(Limit(tier, resource, rates, mode))
             if unit is not None:
                 units[resource] = unit
+        upgrade, upgrades = _upgrade(spec.get("upgrade"), where)
         try:
             plans.append(
                 Plan.of(
                     name,
                     limits,
                     description=str(spec.get("description", "")),
-                    upgrade=spec.get("upgrade"),
+                    upgrade=upgrade,
+                    upgrades=upgrades,
                     concurrent=_concurrent(spec.get("concurrent"), where),
                     units=units,
                 )
@@ -345,6 +372,21 @@ def catalog_from_config(
 
 
 _PLAN_FIELDS = {"global", "tenant", "user", "resources", "description", "upgrade", "concurrent"}
+
+
+def _upgrade(value: Any, where: str) -> tuple[str | None, dict[str, str]]:
+    """A plan's ``upgrade``: a text (about its rates), or a dict of texts by kind of
+    denial, ``{"rates": ..., "concurrent": ..., "credits": ...}`` (``errors.upgrade_for``)."""
+    if value is None or isinstance(value, str):
+        return value, {}
+    kinds = ("rates", *UPGRADE_KINDS)
+    if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
+        raise ValueError(f"{where}['upgrade'] must be a text or a dict of texts by {kinds}")
+    unknown = set(value) - set(kinds)
+    if unknown:
+        raise ValueError(f"{where}['upgrade'] has unknown kinds {sorted(unknown)}; use {kinds}")
+    rates = value.get("rates")
+    return rates, {k: v for k, v in value.items() if k != "rates"}
 
 
 def _concurrent(value: Any, where: str) -> int | None:
@@ -427,7 +469,9 @@ def plan_config(plan: Plan) -> dict[str, Any]:
             spec[limit.tier.value] = entry
     if plan.description:
         spec["description"] = plan.description
-    if plan.upgrade is not None:
+    if plan.upgrades:
+        spec["upgrade"] = {**({"rates": plan.upgrade} if plan.upgrade else {}), **plan.upgrades}
+    elif plan.upgrade is not None:
         spec["upgrade"] = plan.upgrade
     if plan.concurrent is not None:
         spec["concurrent"] = plan.concurrent

@@ -16,7 +16,7 @@ from .keys import KeyBuilder, Tag
 from .leases import lease_key
 from .plans import ENFORCED, LimitMode, Plan
 from .priority import Priority, class_limits
-from .rates import Rate, Rates
+from .rates import Credits, Rate, Rates
 from .reply import Reply
 from .tiers import Tier
 from .validators import MAX_SLOTS
@@ -42,6 +42,9 @@ Mark = bool | str
 
 # A gate has no rate, but a Check carries one; this constant one also keys the deny cache.
 _GATE_RATE = Rate(1, 1)
+
+# Results the rate-limit headers never describe: slots held and a prepaid balance.
+_NOT_RATED = (Tier.CONCURRENT, Tier.CAPACITY, Tier.CREDITS)
 
 # The method part of an endpoint key when one bucket serves every method.
 ANY_METHOD = "*"
@@ -70,6 +73,9 @@ class LimitSpec:
     )
     unit: str | None = None  # what the resource counts ("tokens"); a plan's unit wins
     priority: Priority | None = None  # the route's class (``priority=``); None: default
+    # How long a caller may wait for room (``delay=`` on a view, ``wait=`` on
+    # ``quota.limited``), microseconds: within it, a cost is reserved, not refused.
+    wait_us: int = 0
 
     def method_of(self, method: str) -> str:
         """The method part of this limit's key: ``HEAD`` is ``GET`` without a body."""
@@ -134,11 +140,7 @@ class Decision:
     def rated(self) -> tuple[TierResult, ...]:
         """The enforced results of rates: what the rate-limit headers describe (a
         concurrency limit is not a rate, it has headers of its own)."""
-        return tuple(
-            r
-            for r in self.results
-            if not r.shadow and r.tier is not Tier.CONCURRENT and r.tier is not Tier.CAPACITY
-        )
+        return tuple(r for r in self.results if not r.shadow and r.tier not in _NOT_RATED)
 
     @property
     def allowed(self) -> bool:
@@ -162,7 +164,9 @@ class Decision:
             and (
                 r.tier is Tier.CAPACITY
                 if capacity
-                else r.tier is not Tier.CAPACITY and (leases or r.tier is not Tier.CONCURRENT)
+                else r.tier is not Tier.CAPACITY
+                # a balance is no rate: among the denials (with leases), never "closest"
+                and (leases or (r.tier is not Tier.CONCURRENT and r.tier is not Tier.CREDITS))
             )
         ]
         if not among:
@@ -203,7 +207,9 @@ class Decision:
         """
         results = []
         for r, delta, algorithm in zip(self.results, deltas, algorithms, strict=True):
-            if delta:
+            if delta and algorithm is Gate.CREDITS:  # a balance has no limit to stop at
+                r = replace(r, outcome=r.outcome._replace(remaining=r.outcome.remaining + delta))
+            elif delta:
                 o = r.outcome
                 reset = o.reset_us
                 remaining = min(o.limit, o.remaining + delta)
@@ -230,6 +236,19 @@ class Decision:
             if not r.outcome.allowed
         ]
 
+    def usage_units(self, metered: Sequence[tuple[str, int]]) -> dict[str, int] | None:
+        """The units each resource's tier counts on the dashboard's charts (``metered``:
+        (resource, units) of the request, its tokens), by tier name; None when every
+        one is 1, the usual request."""
+        if all(n == 1 for _, n in metered):
+            return None
+        units = dict(metered)
+        return {
+            r.name: units[r.resource]
+            for r in self.results
+            if r.resource in units and (r.tier is Tier.ENDPOINT or r.tier is Tier.CREDITS)
+        }
+
     def seconds_until(self, at_us: int) -> int:
         """Whole seconds from now until ``at_us``, rounded up."""
         return seconds_until(at_us, self.now_us)
@@ -243,6 +262,8 @@ class Decision:
         if denied is not None:
             o = denied.outcome
             retry = max(1, self.seconds_until(self.now_us + o.retry_after_us))
+            if denied.tier is Tier.CREDITS:
+                return f"denied by {_label(denied)}: balance {o.remaining} on plan {self.plan!r}"
             if denied.tier is Tier.CONCURRENT:
                 return (
                     f"denied by {_label(denied)}: {o.limit} in flight on plan {self.plan!r}, "
@@ -364,10 +385,14 @@ class Policy:
         checks = self._caller_checks(plan, ip_tag, identity_tag, 1, tenant_tag)
         if spec is not None and resource is not None:
             tag = identity_tag if endpoint_tag is None else endpoint_tag
-            self._endpoint_checks(checks, plan, tag, method, resource, spec, cost, resource)
+            self._endpoint_checks(
+                checks, plan, tag, method, resource, spec, cost, resource, identity_tag
+            )
         for limit, name, weight, owner in more:
             tag = identity_tag if owner is None else owner
-            self._endpoint_checks(checks, plan, tag, method, name, limit, weight, name)
+            self._endpoint_checks(
+                checks, plan, tag, method, name, limit, weight, name, identity_tag
+            )
         self._lease_checks(checks, plan, identity_tag, spec, resource, endpoint_tag, 1)
         for limit, name, _, owner in more:  # a stacked limit's own concurrent=
             if limit.concurrent is not None:
@@ -474,17 +499,27 @@ class Policy:
         spec: LimitSpec,
         cost: int,
         name: str,
+        caller: str | None = None,
     ) -> None:
         """Append the endpoint tier's checks; the plan's rates for ``resource`` win
-        over the decorator's literal rates (which are enforced on ``QUOTA_ALGORITHM``)."""
+        over the decorator's literal rates (which are enforced on ``QUOTA_ALGORITHM``).
+        A credits resource is one balance check, of ``caller`` (the identity's tag, not a
+        ``key=`` owner's: credits are granted to callers), else of ``tag``."""
         rates = plan.resources.get(resource)
         mode = plan.mode_for(Tier.ENDPOINT, resource) if rates else ENFORCED
         rates = rates or spec.rate
         if rates is None:
             return
+        if isinstance(rates, Credits):  # a prepaid balance, the caller's (core/credits.py)
+            key = self.keys.credits_key(caller or tag, resource)
+            check = Check(key, Gate.CREDITS, rates[0], cost, mode.shadow or self.shadow)
+            checks.append(TierCheck(Tier.CREDITS, name, check, resource))
+            return
         algorithm = self._algorithm(mode, rates, resource)
         key = self.keys.endpoint_key(tag, spec.method_of(method), resource, algorithm)
-        self._each_rate(checks, Tier.ENDPOINT, name, key, rates, cost, resource, mode, algorithm)
+        self._each_rate(
+            checks, Tier.ENDPOINT, name, key, rates, cost, resource, mode, algorithm, spec.wait_us
+        )
 
     def _lease_checks(
         self,
@@ -531,17 +566,23 @@ class Policy:
         resource: str | None,
         mode: LimitMode,
         algorithm: Algorithm,
+        wait_us: int = 0,
     ) -> None:
-        """One check per rate; a further rate's key and name carry its window."""
+        """One check per rate; a further rate's key and name carry its window. A shadow
+        check never makes its caller wait (it never denies either)."""
         shadow = mode.shadow or self.shadow
+        wait_us = 0 if shadow else wait_us
         for i, rate in enumerate(rates):
             rate_key = key if i == 0 else f"{key}@{rate.window}"
-            check = self._check(rate_key, algorithm, rate, cost, shadow)
+            check = self._check(rate_key, algorithm, rate, cost, shadow, wait_us)
             checks.append(TierCheck(tier, policy_name(name, rates, i), check, resource))
 
-    def _check(self, key: str, algorithm: Algorithm, rate: Rate, cost: int, shadow: bool) -> Check:
+    def _check(
+        self, key: str, algorithm: Algorithm, rate: Rate, cost: int, shadow: bool, wait_us: int = 0
+    ) -> Check:
         """A rate's check: a calendar rate is a fixed window on the policy's calendar,
-        whatever the limit's algorithm (a month has no meaning to a token bucket)."""
+        whatever the limit's algorithm (a month has no meaning to a token bucket), and
+        never reserves (its next window is too far away for any wait)."""
         if rate.calendar is None:
-            return Check(key, algorithm, rate, cost, shadow)
+            return Check(key, algorithm, rate, cost, shadow, None, wait_us)
         return Check(key, Algorithm.FIXED_WINDOW, rate, cost, shadow, self.calendar)

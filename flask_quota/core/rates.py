@@ -9,7 +9,18 @@ from dataclasses import dataclass, field
 from .calendar import MONTH, UNITS, YEAR
 from .clock import US
 
-__all__ = ["MAX_LIMIT", "MAX_RATES", "MAX_WINDOW", "Rate", "Rates", "parse_rate", "parse_rates"]
+__all__ = [
+    "CREDITS",
+    "CREDITS_TEXT",
+    "MAX_LIMIT",
+    "MAX_RATES",
+    "MAX_WINDOW",
+    "Credits",
+    "Rate",
+    "Rates",
+    "parse_rate",
+    "parse_rates",
+]
 
 # Redis decides in Lua, whose numbers are doubles: integers are exact below 2^53.
 # Microsecond times near now (~2^50.6) plus two windows, or plus a bucket's refill
@@ -193,8 +204,36 @@ class Rates(tuple[Rate, ...]):
         return min(rate.limit / rate.window for rate in self)
 
 
+class Credits(Rates):
+    """A resource's "rate" that is no rate: a prepaid balance (``"credits"``), spent by
+    what the caller's grants hold and never refilled by time (``core/credits.py``).
+
+    A ``Rates`` of one placeholder rate, so that every place a resource's rates travel
+    (plans, SQL rows, the CLI, the dashboard, exports) carries it unchanged; the policy
+    turns it into a balance check instead of rate checks. ``CREDITS`` is the one value.
+    """
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return CREDITS_TEXT
+
+    def per(self) -> str:
+        return "prepaid credits"
+
+    @property
+    def per_second(self) -> float:
+        return 0.0  # never "more" than a rate: an upgrade hint never offers credits
+
+
+CREDITS_TEXT = "credits"
+CREDITS = Credits((Rate(1, 1),))
+"""A credits resource (``{"resources": {"ai_tokens": "credits"}}``): see ``Credits``."""
+
+
 def parse_rates(text: str | Rate | Rates) -> Rates:
-    """Parse one or more comma-separated rates into ``Rates``.
+    """Parse one or more comma-separated rates into ``Rates``; ``"credits"`` is
+    ``CREDITS``, a prepaid balance (a resource's only: ``Plan`` refuses it elsewhere).
 
     Raises ``ValueError`` naming the text: for a malformed rate, more than
     ``MAX_RATES`` rates, or two rates with the same window (the stricter one
@@ -206,6 +245,8 @@ def parse_rates(text: str | Rate | Rates) -> Rates:
         return Rates((text,))
     if not isinstance(text, str):
         raise ValueError(f"rate must be a string such as '100/minute', not {type(text).__name__}")
+    if text.strip().lower() == CREDITS_TEXT:
+        return CREDITS
     if len(text) > _MAX_TEXT:
         raise ValueError(f"rates {text[:_MAX_TEXT]!r}... are longer than {_MAX_TEXT} characters")
     parts = text.split(",")

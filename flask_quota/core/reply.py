@@ -99,6 +99,21 @@ class Reply(list[int]):
         j = _HEAD + _STRIDE * i
         return Outcome(bool(self[j]), limit, int(self[j + 1]), int(self[j + 2]), int(self[j + 3]))
 
+    def set_retry(self, i: int, retry_us: int) -> None:
+        """Make check ``i``'s retry ``retry_us`` (a credits check's seed mark made a plain
+        refusal: ``Enforcer._credited``)."""
+        self[_HEAD + _STRIDE * i + 3] = retry_us
+
+    def wait_us(self) -> int:
+        """How long a caller admitted by reservation must sleep before it acts: the
+        longest wait among the checks that allowed (0: none reserved). Only a check
+        that may wait (``Check.wait_us``) allows with a wait."""
+        longest = 0
+        for j in range(_HEAD, len(self), _STRIDE):
+            if self[j] and self[j + 3] > longest:
+                longest = self[j + 3]
+        return int(longest)
+
     def denied(self, among: Sequence[int]) -> int:
         """Of the checks ``among``, the first denial with the longest wait; -1 if none."""
         found, wait = -1, -1

@@ -22,6 +22,8 @@ from .clock import US
 from .headers import (
     CONCURRENCY_LIMIT,
     CONCURRENCY_REMAINING,
+    CREDITS_BALANCE,
+    CREDITS_RESOURCE,
     LIMIT,
     POLICY,
     RATELIMIT,
@@ -63,6 +65,9 @@ IP, WHO, KEY, TENANT = range(4)
 _NO_HEADERS, _IETF, _LEGACY = HeaderMode.NONE, HeaderMode.IETF, HeaderMode.LEGACY
 _OPEN_GATE = Outcome(True, 0, 0, 0, 0)  # a block gate letting by (``settled_headers``)
 _NOT_RATES = (Tier.CONCURRENT, Tier.CAPACITY)  # slots held, not rates: not in the headers
+# Not rates either: slots held and a prepaid balance (which has headers of its own).
+_NOT_SHOWN = (*_NOT_RATES, Tier.CREDITS)
+_CHARGED = (Tier.ENDPOINT, Tier.CREDITS)  # the tiers a request's cost weighs on
 
 
 def _owner_mark(n: int) -> str:
@@ -83,8 +88,8 @@ class Route:
     encoding by identity. ``costing()`` derives the route of another cost.
     """
 
-    __slots__ = ("alert_lines", "alerts", "billed", "calls", "enforced", "held", "labels",
-                 "leases", "limit_texts", "limits", "lines", "metered", "names", "parts",
+    __slots__ = ("alert_lines", "alerts", "billed", "calls", "credits", "enforced", "held",
+                 "labels", "leases", "limit_texts", "limits", "lines", "metered", "names", "parts",
                  "plan", "policy", "rooms", "shadow", "shown_among", "tiers")  # fmt: skip
 
     def __init__(
@@ -106,8 +111,10 @@ class Route:
         self.shadow = any(c.shadow for c in self.calls)  # then a shadow denial may need a signal
         # What the headers show, per tier; only enforced (non-shadow) rates are shown.
         self.enforced = tuple(
-            i for i, t in enumerate(tiers) if not t.check.shadow and t.tier not in _NOT_RATES
+            i for i, t in enumerate(tiers) if not t.check.shadow and t.tier not in _NOT_SHOWN
         )
+        # The prepaid balances, as checks (``credit_headers``; seeded by the enforcer).
+        self.credits = tuple(i + 1 for i, t in enumerate(tiers) if t.tier is Tier.CREDITS)
         # The concurrency limits, as checks: decided once here, so a route without one
         # does nothing more per request (see ``Enforcer.decide`` and ``lease_headers``).
         self.leases = tuple(i + 1 for i, t in enumerate(tiers) if t.tier is Tier.CONCURRENT)
@@ -139,8 +146,8 @@ class Route:
             setattr(variant, name, getattr(self, name))
         variant.tiers = tuple(
             TierCheck(t.tier, t.name, Check(c.key, c.algorithm, c.rate, cost, c.shadow,
-                                            c.calendar), t.resource)
-            if t.tier is Tier.ENDPOINT
+                                            c.calendar, c.wait_us), t.resource)
+            if t.tier in _CHARGED
             else t
             for t in self.tiers
             for c in (t.check,)
@@ -179,7 +186,7 @@ class Route:
         return tuple(
             (i + 1, self.rooms[i], t.check.cost)
             for i, t in enumerate(self.tiers)
-            if t.check.cost and t.tier not in _NOT_RATES  # a slot is not a rate's unit
+            if t.check.cost and t.tier not in _NOT_SHOWN  # a slot is not a rate's unit
         )
 
     def _alert_lines(self) -> tuple[tuple[int, int, int, float], ...]:
@@ -259,6 +266,17 @@ class Route:
         return [
             (CONCURRENCY_LIMIT, limit),
             (CONCURRENCY_REMAINING, str(max(0, reply.remaining(shown)))),
+        ]
+
+    def credit_headers(self, reply: Reply) -> list[tuple[str, str]]:
+        """``X-Credits-Balance`` / ``-Resource`` of the lowest prepaid balance (after this
+        request); none on a route without one."""
+        if not self.credits:
+            return []
+        shown = reply.closest(self.credits)
+        return [
+            (CREDITS_BALANCE, str(reply.remaining(shown))),
+            (CREDITS_RESOURCE, self.names[shown - 1]),
         ]
 
     def settled_headers(self, decision: Decision, mode: HeaderMode) -> list[tuple[str, str]]:
@@ -341,7 +359,7 @@ def metered(tiers: Sequence[TierCheck]) -> tuple[tuple[str, int], ...]:
     ledger records of an admitted request (a resource's several rates charge alike)."""
     seen: dict[str, int] = {}
     for t in tiers:
-        if t.tier is Tier.ENDPOINT and t.resource is not None and t.resource not in seen:
+        if t.tier in _CHARGED and t.resource is not None and t.resource not in seen:
             seen[t.resource] = t.check.cost
     return tuple(seen.items())
 

@@ -22,15 +22,26 @@ from .clock import seconds_until
 from .enforcer import Enforcer
 from .errors import QuotaUnavailable
 from .facts import Facts
+from .plans import Plan
 from .policy import Decision, LimitSpec, TierCheck, TierResult, gate_check, on_billing_day
 from .rates import Rates
 from .reply import LocalReply
 from .tiers import Tier
+from .validators import DEFAULT_UNIT
 
-__all__ = ["STATUS_RESOURCE", "BucketStatus", "CallerStatus", "caller_status", "status_budget"]
+__all__ = [
+    "IN_FLIGHT",
+    "STATUS_RESOURCE",
+    "BucketStatus",
+    "CallerStatus",
+    "caller_status",
+    "status_budget",
+]
 
 _PER_ENDPOINT = (Tier.ENDPOINT, Tier.CONCURRENT)
 STATUS_RESOURCE = "quota_status"  # the status budget's resource: a plan may rate it
+IN_FLIGHT = "requests in flight"  # what a concurrency bucket counts: not a rate
+_REQUEST_TIERS = (Tier.GLOBAL, Tier.TENANT, Tier.USER)
 
 
 def status_budget(rates: Rates) -> LimitSpec:
@@ -49,6 +60,7 @@ class BucketStatus:
     remaining: int
     reset: int  # whole seconds until the bucket is full again
     window: int  # the rate's window in seconds
+    unit: str = DEFAULT_UNIT  # what ``limit`` and ``remaining`` count ("requests", "tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +83,7 @@ class CallerStatus:
                     "remaining": b.remaining,
                     "reset": b.reset,
                     "window": b.window,
+                    "unit": b.unit,
                 }
                 for b in self.limits
             ],
@@ -156,14 +169,32 @@ def caller_status(
     shown = {id(t): i + 1 for i, t in enumerate([*charged, *read])}  # its place in the reply
     own_budget = {id(t) for t in spent}
     listed = [t for t in [*charged, *read] if id(t) not in own_budget] + spent
+    declared = {resource: spec.unit for _, resource, spec in endpoints}
+    if budget is not None:
+        declared[STATUS_RESOURCE] = budget.unit
     limits = tuple(
-        _bucket(t, reply.outcome(shown[id(t)], shown_limit(t.check)), reply.now_us) for t in listed
-    )
+        _bucket(
+            t, reply.outcome(shown[id(t)], shown_limit(t.check)), reply.now_us,
+            _unit(t, plan, declared),
+        )
+        for t in listed
+    )  # fmt: skip
     tenant = facts.identity.tenant if facts.identity is not None else None
     return CallerStatus(plan.name, tenant, limits)
 
 
-def _bucket(check: TierCheck, outcome: Outcome, now_us: int) -> BucketStatus:
+def _unit(check: TierCheck, plan: Plan, declared: dict[str, str | None]) -> str:
+    """What a bucket counts: requests on the rate tiers, requests in flight on a
+    concurrency bucket, and on a resource's bucket its plan's unit, else its decorator's,
+    else requests (as a 429 names it)."""
+    if check.tier is Tier.CONCURRENT:
+        return IN_FLIGHT
+    if check.tier in _REQUEST_TIERS or not check.resource:
+        return DEFAULT_UNIT
+    return plan.unit_for(check.resource, declared.get(check.resource))
+
+
+def _bucket(check: TierCheck, outcome: Outcome, now_us: int, unit: str) -> BucketStatus:
     return BucketStatus(
         check.tier.value,
         check.resource,
@@ -172,4 +203,5 @@ def _bucket(check: TierCheck, outcome: Outcome, now_us: int) -> BucketStatus:
         max(0, outcome.remaining),
         seconds_until(outcome.reset_us, now_us),
         check.check.rate.window,
+        unit,
     )

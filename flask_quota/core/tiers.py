@@ -22,6 +22,9 @@ class Tier(StrEnum):
     # Not the caller's: the whole fleet's requests in flight (``QUOTA_CAPACITY``), a
     # request's class deciding how much of it it may use. Its denial is a shed (503).
     CAPACITY = "capacity"
+    # Not a rate: a prepaid balance per caller and resource (a plan's ``"credits"``
+    # resource, ``core/credits.py``). Its denial is 402; time never refills it.
+    CREDITS = "credits"
 
 
 RATE_TIERS = (Tier.GLOBAL, Tier.TENANT, Tier.USER, Tier.ENDPOINT)

@@ -185,7 +185,7 @@ class QuotaAdmin:
         self.check_plans_writable()
         tier_ = inputs.tier(tier)
         resource_ = inputs.resource(tier_, resource)
-        rate_ = inputs.rate(rate)
+        rate_ = inputs.rate(rate, tier_)
         algorithm_ = inputs.algorithm(algorithm)
         unit_ = inputs.unit(tier_, unit) if unit is not None else None
 
@@ -503,7 +503,7 @@ class QuotaAdmin:
         tenant_ = inputs.tenant(tenant)
         tier_ = inputs.tier(tier)
         resource_ = inputs.resource(tier_, resource)
-        rate_ = inputs.rate(rate)
+        rate_ = inputs.rate(rate, tier_)
         if expires_in is not None and expires_in <= timedelta(0):
             raise AdminError("an override's expiry must be in the future")
         expires_at = utcnow() + expires_in if expires_in is not None else None

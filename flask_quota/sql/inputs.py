@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 from ..core import validators
 from ..core.networks import ACTIONS, parse_network
+from ..core.rates import CREDITS_TEXT
+from ..core.tiers import Tier
 from .errors import AdminError
 
 __all__ = [
@@ -136,8 +138,15 @@ def resource(tier: str, resource: str | None) -> str:
     return _checked(validators.tier_resource, tier, resource)[1]
 
 
-def rate(text: str) -> str:
-    return _checked(validators.rate_text, text)
+def rate(text: str, tier: str | None = None) -> str:
+    """A rate's canonical text; ``"credits"`` (a prepaid balance) for a resource only."""
+    found = _checked(validators.rate_text, text)
+    if found == CREDITS_TEXT and tier is not None and tier != Tier.ENDPOINT.value:
+        raise AdminError(
+            f"the {tier} tier cannot be 'credits': a prepaid balance is a resource's "
+            "(the endpoint tier, with --resource)"
+        )
+    return found
 
 
 def algorithm(value: str | None) -> str | None:

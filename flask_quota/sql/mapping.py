@@ -19,7 +19,7 @@ from ..core import validators
 from ..core.algorithms import Algorithm
 from ..core.networks import NetworkRule, parse_network
 from ..core.plans import Limit, LimitMode, Plan
-from ..core.rates import Rates, parse_rates
+from ..core.rates import Credits, Rates, parse_rates
 from ..core.tiers import Tier
 from .models import AuditEntry, Client, NetworkRecord, Override, PlanLimit, PlanRecord
 from .snapshot import KeyEntry, OverrideRule
@@ -106,6 +106,9 @@ def plan_from_record(record: PlanRecord) -> Plan:
             tier = Tier(row.tier)
         except ValueError:
             log.error("flask-quota: ignoring %s: unknown tier", where)
+            continue
+        if isinstance(rate, Credits) and tier is not Tier.ENDPOINT:
+            log.error("flask-quota: ignoring %s: 'credits' is a resource's, not a tier's", where)
             continue
         mode = LimitMode(_stored_algorithm(row.algorithm, where), bool(row.shadow))
         limits.append(Limit(tier, row.resource, rate, mode))

@@ -38,6 +38,8 @@ __all__ = [
     "SCHEMA_REVISION",
     "AuditEntry",
     "Client",
+    "CreditBalance",
+    "CreditGrant",
     "LedgerFlush",
     "Model",
     "NetworkRecord",
@@ -56,7 +58,7 @@ __all__ = [
 # The Alembic revision these models correspond to (migrations/versions/). When the
 # extension creates the tables itself, it records this revision so that a later
 # ``flask db upgrade`` continues from here; tests/test_migrations.py keeps it in step.
-SCHEMA_REVISION = "0005_networks"
+SCHEMA_REVISION = "0006_credits"
 
 metadata = MetaData(
     naming_convention={
@@ -406,3 +408,47 @@ class WebhookEvent(Model):
     locked_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_error: Mapped[str | None] = mapped_column(Text)
     delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+CREDIT_NOTE_MAX = 500
+
+
+class CreditGrant(Model):
+    """Prepaid credits granted to a caller (``quota.grant``, ``flask quota credits
+    grant``, the dashboard): ``units`` of ``resource`` (a plan's ``"credits"`` resource)
+    for ``caller`` (an identity id: an SQL client's is its id), spendable until
+    ``expires_at`` (None: never). Rows are never changed or deleted: a grant is money
+    given, and the audit log names who gave it."""
+
+    __tablename__ = "quota_credit_grants"
+    __table_args__ = (
+        Index(None, "caller", "resource"),
+        Index(None, "created_at"),
+        CheckConstraint("units >= 1", name="units"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    caller: Mapped[str] = mapped_column(String(CALLER_MAX))
+    resource: Mapped[str] = mapped_column(String(64))
+    units: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    note: Mapped[str] = mapped_column(String(CREDIT_NOTE_MAX), default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(200))
+
+
+class CreditBalance(Model):
+    """The last checkpoint of a caller's balance of one resource: the counter storage's
+    state (``core.credits.dump``) and its ``version``, written within a sync interval of
+    each change (a newer version only). What a balance is rebuilt from when the counter
+    storage has lost it (``flask_quota.credits``)."""
+
+    __tablename__ = "quota_credit_balances"
+    __table_args__ = (UniqueConstraint("caller", "resource"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    caller: Mapped[str] = mapped_column(String(CALLER_MAX))
+    resource: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(Text)
+    version: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

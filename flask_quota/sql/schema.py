@@ -74,8 +74,12 @@ def create_and_seed(engine: Engine, *, owns_engine: bool, plans: Mapping[str, Pl
                     _stamp(conn)
                 else:
                     _check_revision(conn)
-            with Session(engine) as session, session.begin():
-                _seed(session, plans)
+                # Seeded under the same lock and in the same transaction: two servers
+                # seeding apart both saw an empty plan table, and the loser's retry came
+                # too late on a loaded machine (a unique-name error, CI on MariaDB).
+                with Session(bind=conn) as session:
+                    _seed(session, plans)
+                    session.flush()
             return
         except DBAPIError:
             if attempt == 4 or time.monotonic() - began > 1.0:

@@ -68,6 +68,7 @@ def apply_overrides(plan: Plan, rules: Iterable[OverrideRule]) -> Plan:
         upgrade=plan.upgrade,
         concurrent=plan.concurrent,
         units=plan.units,
+        upgrades=plan.upgrades,
     )
 
 

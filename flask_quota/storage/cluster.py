@@ -44,6 +44,7 @@ from .base import (
 from .redis import (
     CHARGE_SCRIPT,
     FUNCTION,
+    GRANT_SCRIPT,
     LIBRARY,
     REFUND_SCRIPT,
     SCRIPT,
@@ -230,6 +231,22 @@ class ClusterStorage:
     def claim(self, key: str, seconds: int) -> bool:
         return bool(self._connected()[0].set(key, "1", nx=True, ex=seconds))
 
+    # -- prepaid credits (flask_quota.credits): one key each, so one slot each ----
+
+    def credit_states(self, keys: Sequence[str]) -> list[str | None]:
+        client = self._connected()[0]
+        found = [client.get(key) for key in keys]
+        return [v.decode() if isinstance(v, bytes) else v for v in found]
+
+    def credit_seed(self, key: str, text: str, ttl_us: int) -> bool:
+        return bool(self._connected()[0].set(key, text, px=max(1, ttl_us // 1000), nx=True))
+
+    def credit_grant(self, key: str, grant: tuple[int, int, int]) -> bool:
+        client = self._connected()[0]
+        now_arg = "" if self._clock is None else self._clock()
+        script = client.register_script(GRANT_SCRIPT)
+        return bool(script(keys=[key], args=[now_arg, *grant]))
+
     def holders(self, key: str) -> list[str]:
         client = self._connected()[0]
         now = self._clock() if self._clock is not None else None
@@ -297,14 +314,18 @@ class ClusterStorage:
         calls = []
         for group, verdict in charged:
             # A slot's shadow checks that would have denied were not charged there.
+            # A reservation (wait=) was charged for the time it is admitted at, its own.
             part = [
-                checks[i]
+                (checks[i], verdict.now_us + outcome.retry_after_us)
                 for i, outcome in zip(group, verdict.outcomes, strict=True)
                 if outcome.allowed
             ]
             if not part:
                 continue
-            calls.append(([c.key for c in part], refund_args(part, now_arg, verdict.now_us)))
+            args = [now_arg]
+            for check, at in part:
+                args += refund_args([check], now_arg, at)[1:]
+            calls.append(([c.key for c, _ in part], args))
         lost = [r for r in self._together(client, refund, calls) if isinstance(r, BaseException)]
         if lost:
             # Rare (a node failed between the decide and its refund), and the operator's

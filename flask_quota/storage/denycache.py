@@ -98,7 +98,9 @@ class DenyCache(Layer):
     def decide_flat(self, checks: Sequence[Check], keys: Sequence[str]) -> Reply:
         """``decide`` on ``keys``, as a flat ``Reply``; objects are made only for denials."""
         now = self._clock()
-        if self._denials:  # nothing cached (the usual case): straight to the storage
+        # Nothing cached (the usual case): straight to the storage. A caller who may wait
+        # asks it too: a denial for a plain caller says nothing of a reservation.
+        if self._denials and not any(c.wait_us for c in checks):
             cached = self._cached(keyed(checks, keys), now)
             if cached is not None:
                 self.hits += 1

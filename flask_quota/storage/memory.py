@@ -6,6 +6,7 @@ import fnmatch
 import heapq
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from ..core.adjust import CHARGES, REFUNDS, Change, charge_window, refund_window
@@ -20,6 +21,9 @@ from ..core.algorithms import (
     window_step,
 )
 from ..core.calendar import Calendar
+from ..core.credits import TTL_US, Balance, Grant, add_grant, credits_step, dump, parse
+from ..core.credits import charge as credit_charge
+from ..core.credits import refund as credit_refund
 from ..core.generations import Generations
 from ..core.leases import lease_step, release, split
 from ..core.rates import Rate
@@ -84,6 +88,9 @@ class MemoryStorage:
             for check in checks:
                 if check.algorithm in _LEASES:
                     self._release(check.key, now)
+                elif check.algorithm is Gate.CREDITS and check.cost > 0:
+                    self._credit(check.key, credit_refund(self._live(check.key, now), now,
+                                                          check.cost), now)  # fmt: skip
                 elif check.cost > 0 and isinstance(check.algorithm, Algorithm):
                     state = self._live(check.key, now)
                     calendar, unit = check.calendar, check.rate.calendar
@@ -102,6 +109,9 @@ class MemoryStorage:
             self._sweep(now)
             for check in checks:
                 algorithm, rate = check.algorithm, check.rate
+                if algorithm is Gate.CREDITS and check.cost > 0:
+                    self._credit(check.key, credit_charge(self._live(check.key, now), now,
+                                                          check.cost), now)  # fmt: skip
                 if check.cost > 0 and isinstance(algorithm, Algorithm):
                     state = self._live(check.key, now)
                     cost = charged_units(algorithm, rate, check.cost)
@@ -326,6 +336,37 @@ class MemoryStorage:
         """Dashboard usage stays in this process, on this storage's clock."""
         return MemoryUsageSink(clock=self._clock)
 
+    # -- prepaid credits (flask_quota.credits): off the request path --------------
+
+    def credit_states(self, keys: Sequence[str]) -> list[str | None]:
+        """The stored text of each balance (None: not held)."""
+        with self._lock:
+            now = self._clock()
+            return [None if (b := self._live(key, now)) is None else dump(b) for key in keys]
+
+    def credit_seed(self, key: str, text: str, ttl_us: int) -> bool:
+        """Put a balance rebuilt from SQL where none is held: True when it was."""
+        with self._lock:
+            now = self._clock()
+            if self._live(key, now) is not None:
+                return False
+            self._store(key, parse(text), ttl_us, now)
+            return True
+
+    def credit_grant(self, key: str, grant: tuple[int, int, int]) -> bool:
+        """Add a grant ``(id, expires_us, units)`` to a held balance, once by its id."""
+        with self._lock:
+            now = self._clock()
+            state = self._live(key, now)
+            added = None if state is None else add_grant(state, now, Grant(*grant, grant[2]))
+            self._credit(key, added, now)
+            return added is not None
+
+    def _credit(self, key: str, state: Balance | None, now: int) -> None:
+        """Store a balance changed off the decision path (None: nothing changed)."""
+        if state is not None:
+            self._store(key, state, TTL_US, now)
+
 
 def _lease(state: Any, now: int, rate: Rate, cost: int) -> Step:  # pragma: no cover
     """Marks a lease check in a shape: ``_run`` calls ``lease_step`` with its member."""
@@ -341,10 +382,14 @@ def _step_of(check: Check) -> Callable[[Any, int, Rate, int], Step]:
     fixed window whose edges the calendar gives at the storage's ``now``."""
     if check.algorithm in _LEASES:
         return _LEASE
+    if check.algorithm is Gate.CREDITS:
+        return credits_step  # a prepaid balance (core/credits.py), stored as a Balance
     calendar, unit = check.calendar, check.rate.calendar
     if calendar is None or unit is None:
-        return ALGORITHMS[check.algorithm]
-    return _calendar_step(calendar, unit)
+        step = ALGORITHMS[check.algorithm]
+        # A caller who may wait (a reservation): the step with its wait, made once per shape.
+        return partial(step, wait=check.wait_us) if check.wait_us else step  # type: ignore[call-arg]
+    return _calendar_step(calendar, unit)  # a calendar window never reserves
 
 
 def _calendar_step(calendar: Calendar, unit: str) -> Callable[[Any, int, Rate, int], Step]:

@@ -162,8 +162,10 @@ class Prefetch(Layer):
             kind = self._kinds[id(checks)] = (checks, _prefetchable(checks))
         if not kind[1]:
             return flat_decide(self.storage, checks, keys)
-        now = self._clock()
         with self._lock:  # one acquire: spent from shares, or what to ask the storage
+            # Read once the lock is held: a thread that waited for it (another worker
+            # thread's take, under load) must judge deadlines by now, not by before.
+            now = self._clock()
             local = self._spend(checks, keys, now)
             if local is None:
                 extra, guards, refunds, fresh = self._asks(checks, keys, now)
@@ -515,12 +517,13 @@ class Prefetch(Layer):
 
 def _prefetchable(checks: Sequence[Check]) -> bool:
     """True when shares may decide the request: only block gates and non-shadow token
-    buckets and fixed windows, at least one of those (see the module docstring)."""
+    buckets and fixed windows, at least one of those, none of whose callers may wait (a
+    reservation is made in the storage, where the queue is; see the module docstring)."""
     bucket = False
     for c in checks:
         if c.algorithm is _BLOCK:
             continue
-        if c.shadow or c.algorithm not in (_TOKEN_BUCKET, _FIXED_WINDOW):
+        if c.shadow or c.wait_us or c.algorithm not in (_TOKEN_BUCKET, _FIXED_WINDOW):
             return False
         bucket = True
     return bucket

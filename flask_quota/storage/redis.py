@@ -35,6 +35,7 @@ from .usage import UsageSink
 __all__ = [
     "CHARGE_SCRIPT",
     "FUNCTION",
+    "GRANT_SCRIPT",
     "LIBRARY",
     "REFUND_SCRIPT",
     "SCRIPT",
@@ -58,6 +59,7 @@ _PARTS = (
     "sliding_window_counter.lua",
     "block.lua",
     "lease.lua",
+    "credits.lua",
     "decide.lua",
 )
 
@@ -89,8 +91,11 @@ def _library(body: str) -> tuple[str, str]:
 LIBRARY, FUNCTION = _library(_script(*_PARTS))
 # Undo a charge (charge_when, Cluster), leases among them. A release of leases alone
 # (after a response) is a plain ZREM instead: ``released_leases``.
-REFUND_SCRIPT = _script("common.lua", "lease.lua", "refund.lua")
-CHARGE_SCRIPT = _script("common.lua", "charge.lua")  # charge past the limit (quota.charge)
+REFUND_SCRIPT = _script("common.lua", "lease.lua", "credits.lua", "refund.lua")
+# charge past the limit (quota.charge)
+CHARGE_SCRIPT = _script("common.lua", "credits.lua", "charge.lua")
+# add a grant to a balance held here (prepaid credits, flask_quota.credits)
+GRANT_SCRIPT = _script("common.lua", "credits.lua", "credits_grant.lua")
 
 
 _CACHED = 2048  # entries per generation of the encoding caches
@@ -168,6 +173,9 @@ def check_args(check: Check, around_us: int | None = None) -> list[str]:
     else:
         window = f"{rate.window_us:x}"
     code = SHADOW_MARK + code if check.shadow else code
+    if check.wait_us and check.calendar is None:  # a calendar window never reserves
+        # How long the caller may wait (a reservation, see ``Check.wait_us``), in hex.
+        return [f"{code} {rate.limit:x} {window} {rate.capacity:x} {check.cost} {check.wait_us:x}"]
     return [f"{code} {rate.limit:x} {window} {rate.capacity:x} {check.cost}"]
 
 
@@ -259,6 +267,7 @@ class RedisStorage:
         self._script = client.register_script(SCRIPT)
         self._refund = client.register_script(REFUND_SCRIPT)
         self._charge = client.register_script(CHARGE_SCRIPT)
+        self._grant: Any = None  # GRANT_SCRIPT, registered at the first grant
         self._decide = _ScriptCall(
             client.connection_pool,
             self._script.sha,
@@ -385,6 +394,24 @@ class RedisStorage:
         """Dashboard usage in this Redis, shared by every worker (Sentinel inherits it)."""
         return RedisUsageSink(lambda: self.client, prefix, clock=self._clock)
 
+    # -- prepaid credits (flask_quota.credits): off the request path --------------
+
+    def credit_states(self, keys: Sequence[str]) -> list[str | None]:
+        """The stored text of each balance (None: not held), in one MGET."""
+        found = self.client.mget(keys) if keys else []
+        return [v.decode() if isinstance(v, bytes) else v for v in found]
+
+    def credit_seed(self, key: str, text: str, ttl_us: int) -> bool:
+        """Put a balance rebuilt from SQL where none is held (NX): True when it was."""
+        return bool(self.client.set(key, text, px=max(1, ttl_us // 1000), nx=True))
+
+    def credit_grant(self, key: str, grant: tuple[int, int, int]) -> bool:
+        """Add a grant ``(id, expires_us, units)`` to a held balance, once by its id."""
+        if self._grant is None:
+            self._grant = self.client.register_script(GRANT_SCRIPT)
+        now_arg = "" if self._clock is None else self._clock()
+        return bool(self._grant(keys=[key], args=[now_arg, *grant]))
+
 
 _SEPARATOR = CHECKS_SEPARATOR.encode()
 
@@ -444,13 +471,13 @@ class _ScriptCall:
             self._library = function[1]
         self._function_head = self._head
         self._modes = {mode: _bulk(mode.encode()) for mode in ("decide", "peek")}
-        # (id(rate), id(algorithm), cost, shadow) -> (rate, algorithm, the check's encoded
+        # (id(rate), id(algorithm), cost, shadow, wait_us) -> (rate, algorithm, the check's encoded
         # string, ``check_args``). Ids, because hashing a Rate or an enum runs Python code; the
         # entry holds the rate and algorithm, so their ids cannot be reused while it lives.
         # Both caches are bounded by generations (costs from a callable can be many), so
         # what is in use stays encoded however many others come and go.
-        self._args: Generations[tuple[int, int, int, bool], tuple[Any, Any, bytes]] = Generations(
-            _CACHED
+        self._args: Generations[tuple[int, int, int, bool, int], tuple[Any, Any, bytes]] = (
+            Generations(_CACHED)
         )
         # id(checks) -> (checks, its checks argument, encoded): a request shape (a tuple the
         # request path reuses, see ``Route``) is encoded once. Held, so the id stays its own.
@@ -513,7 +540,7 @@ class _ScriptCall:
             encoded = _SEPARATOR.join(arg.encode() for arg in check_args(check, bounds[1]))
             self._calendar_args.put(id(check), (check, bounds, encoded))
             return encoded
-        key = (id(check.rate), id(check.algorithm), check.cost, check.shadow)
+        key = (id(check.rate), id(check.algorithm), check.cost, check.shadow, check.wait_us)
         found = self._args.current.get(key) or self._args.recall(key)
         if found is not None:
             return found[2]

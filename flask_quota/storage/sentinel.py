@@ -40,10 +40,11 @@ class SentinelStorage(RedisStorage):
         ``valkey+sentinel://``."""
         sentinels, service, options, sentinel_options = parse_sentinel_url(url)
         timeouts = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
-        manager = Sentinel(  # type: ignore[no-untyped-call]
-            sentinels, sentinel_kwargs={**timeouts, **sentinel_options}
-        )
-        client = manager.master_for(  # type: ignore[no-untyped-call]
+        # Any: redis-py types Sentinel from 8.2 on (untyped before), and the keyword
+        # options below are passed through to the connection, as its docs say.
+        sentinel: Any = Sentinel
+        manager = sentinel(sentinels, sentinel_kwargs={**timeouts, **sentinel_options})
+        client = manager.master_for(
             service,
             # No retries: the circuit breaker decides when to try again.
             retry=Retry(NoBackoff(), 0),

@@ -23,7 +23,13 @@ end
 
 local function charge_fixed(key, limit, window, capacity, cost)
   local start = now - now % window
-  local count = math.min(fixed_count(key, start) + cost, limit + MAX_OVER)
+  local raw = redis.call('GET', key)
+  local held, c = string.match(raw or '', '^(%d+):(%d+)$')
+  if held and tonumber(held) > start then -- held ahead by a reservation: charged there
+    redis.call('SET', key, held .. ':' .. fmt(math.min(tonumber(c) + cost, limit + MAX_OVER)), 'KEEPTTL')
+    return
+  end
+  local count = math.min(fixed_count_of(raw, start) + cost, limit + MAX_OVER)
   put(key, fmt(start) .. ':' .. fmt(count), start + window - now)
 end
 
@@ -43,14 +49,25 @@ local function charge_log(key, limit, window, capacity, cost)
     if ts == nil or ts <= now - window then dropped = dropped + 1 else break end
   end
   if dropped > 0 then redis.call('LTRIM', key, dropped, -1) end
-  push_times(key, now, math.min(cost, limit + 1))
+  -- Behind any reservation's entries (ahead of now): the list stays in order.
+  local at = now
+  local last = tonumber(entries[#entries])
+  if last and last > at then at = last end
+  push_times(key, at, math.min(cost, limit + 1))
   redis.call('LTRIM', key, -(limit + 1), -1)
-  redis.call('PEXPIRE', key, math.ceil(window / 1000))
+  redis.call('PEXPIRE', key, math.ceil((at + window - now) / 1000))
 end
 
 local function charge_counter(key, limit, window, capacity, cost)
   local start = now - now % window
-  local prev, cur = counter_counts(key, start, window)
+  local raw = redis.call('GET', key)
+  local held, p, c = string.match(raw or '', '^(%d+):(%d+):(%d+)$')
+  if held and tonumber(held) > start then -- held ahead by a reservation: charged there
+    c = math.min(tonumber(c) + cost, limit + MAX_OVER)
+    redis.call('SET', key, held .. ':' .. p .. ':' .. fmt(c), 'KEEPTTL')
+    return
+  end
+  local prev, cur = counter_counts_of(raw, start, window)
   cur = math.min(cur + cost, limit + MAX_OVER)
   put(key, fmt(start) .. ':' .. fmt(prev) .. ':' .. fmt(cur), start + 2 * window - now)
 end
@@ -61,6 +78,7 @@ local charges = {
   cw = charge_calendar,
   swl = charge_log,
   swc = charge_counter,
+  cr = function(key, limit, window, capacity, cost) credits_charge(key, now, cost) end,
 }
 
 for i, key in ipairs(KEYS) do

@@ -1,8 +1,10 @@
 -- Decide every tier of one request atomically, all-or-nothing.
 -- KEYS[i]: the state key of tier i.
 -- ARGV[1]: the checks, tier i's the i-th, separated by ";" (redis.decide_args); each
---          "code limit window_us capacity cost" (redis.check_args): the rate's three
---          numbers in hexadecimal, the cost in decimal. A code starting with "~" ("~tb")
+--          "code limit window_us capacity cost [wait_us]" (redis.check_args): the rate's
+--          three numbers in hexadecimal, the cost in decimal, and for a caller who may
+--          wait (wait=, delay=) how long, in hexadecimal: a cost that fits within it is
+--          reserved, allowed with its retry_us the wait (the reply is then the long form). A code starting with "~" ("~tb")
 --          marks a shadow check: its denial does not deny (all_allowed ignores it) and
 --          it is charged only when it allows. A calendar window ("cw") has
 --          "prev:start:end:next" as its window_us.
@@ -25,22 +27,30 @@
 -- block gate's value too: only a caller who is blocked costs a PTTL). The sliding log
 -- (a list) and a lease (a sorted set, its key naming a member) read their own.
 local KNOWN = {tb = true, fw = true, swc = true, swl = true, cw = true, blk = true, ls = true,
-  cap = true}
+  cap = true, cr = true}
 
 -- A check's string, parsed: {code, shadow, limit, window, capacity, cost, interval,
--- tau, full_ttl, full_px} (the last four a token bucket's: a bucket that was full
--- stores its state for cost * interval, full_ttl, so that TTL's PX argument, full_px,
--- is printed once here and not on every such request), or nil if it is not one.
+-- tau, full_ttl, full_px, wait} (interval to full_px a token bucket's: a bucket that
+-- was full stores its state for cost * interval, full_ttl, so that TTL's PX argument,
+-- full_px, is printed once here and not on every such request; wait 0 unless the
+-- caller may wait), or nil if it is not one.
 local function spec_of(arg)
+  -- The usual check first (no wait): under EVAL every call parses its checks again.
   local code, limit, window, capacity, cost =
     string.match(arg, '^(~?%l+) (%x+) ([-:%x]+) (%x+) (-?%d+)$')
+  local wait = '0'
+  if code == nil then
+    code, limit, window, capacity, cost, wait =
+      string.match(arg, '^(~?%l+) (%x+) ([-:%x]+) (%x+) (-?%d+) (%x+)$')
+  end
   if code == nil then return nil end
   local shadow = string.byte(code, 1) == 126 -- "~"
   if shadow then code = string.sub(code, 2) end
   if not KNOWN[code] then return nil end
   limit, capacity, cost = tonumber(limit, 16), tonumber(capacity, 16), tonumber(cost)
   if code ~= 'cw' then window = tonumber(window, 16) end -- a calendar's stays its edges
-  local spec = {code, shadow, limit, window, capacity, cost, nil, nil, nil, nil}
+  local spec = {code, shadow, limit, window, capacity, cost, false, false, false, false,
+    tonumber(wait, 16)}
   if code == 'tb' then
     spec[7] = floor(window / limit)
     spec[8] = capacity * spec[7]
@@ -71,6 +81,21 @@ local function shape_of(checks)
   return shape
 end
 
+-- The short reply of the checks before check i (all allowed) as long entries, when a
+-- check denies or reserves (its retry must be told): {now, 1, then allowed, remaining,
+-- reset, retry per check}; a first block gate left out had let by.
+local function long_form(short, m, now, i, gate_first)
+  local reply, n = {now, 1}, 2
+  if i > 1 and gate_first and m - 2 < 2 * (i - 1) then
+    reply[3], reply[4], reply[5], reply[6], n = 1, 0, now, 0, 6
+  end
+  for j = 3, m, 2 do
+    reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = 1, short[j], short[j + 1], 0
+    n = n + 4
+  end
+  return reply, n
+end
+
 local function decide(KEYS, ARGV)
   local now = script_now(ARGV[3])
 
@@ -97,40 +122,33 @@ local function decide(KEYS, ARGV)
     local allowed, remaining, reset, retry, state, ttl
     if code == 'tb' then
       allowed, remaining, reset, retry, state, ttl = token_bucket(raw, now, spec[7], spec[8],
-        spec[4], spec[5], spec[6])
+        spec[4], spec[5], spec[6], spec[11])
     elseif code == 'blk' then -- the gate has no rate; an absent key (the usual) lets by
       if raw then allowed, remaining, reset, retry = block_gate(key, raw, now)
       else allowed, remaining, reset, retry = 1, 0, now, 0 end
     elseif code == 'fw' then
       allowed, remaining, reset, retry, state, ttl = fixed_window(raw, now, spec[3], spec[4],
-        spec[5], spec[6])
+        spec[5], spec[6], spec[11])
     elseif code == 'swc' then
       allowed, remaining, reset, retry, state, ttl = sliding_window_counter(raw, now, spec[3],
-        spec[4], spec[5], spec[6])
+        spec[4], spec[5], spec[6], spec[11])
     elseif code == 'ls' or code == 'cap' then -- a lease (the fleet's capacity is one):
       -- limit is its slots, window its lifetime
       allowed, remaining, reset, retry, state = lease_gate(key, now, spec[3], spec[4], spec[6])
+    elseif code == 'cr' then -- prepaid credits (credits.lua): a balance, not a rate
+      allowed, remaining, reset, retry, state, ttl = credits_gate(raw, now, spec[6])
     elseif code == 'cw' then -- a calendar window: its window is its edges
       allowed, remaining, reset, retry, state, ttl = calendar_window(raw, now, spec[3], spec[4],
         spec[6])
     else -- swl
       allowed, remaining, reset, retry, state = sliding_window_log(key, now, spec[3], spec[4],
-        spec[5], spec[6])
+        spec[5], spec[6], spec[11])
+    end
+    if not long and (allowed == 0 or retry > 0) then -- a denial, or a reservation's wait
+      long = true
+      reply, n = long_form(reply, n, now, i, shape[1][1] == 'blk')
     end
     if allowed == 0 then
-      if not long then
-        -- The checks before this one all allowed: their pairs become long entries (a
-        -- first gate left out had let by).
-        local short, m = reply, n
-        long, reply, n = true, {now, 1}, 2
-        if i > 1 and shape[1][1] == 'blk' and m - 2 < 2 * (i - 1) then
-          reply[3], reply[4], reply[5], reply[6], n = 1, 0, now, 0, 6
-        end
-        for j = 3, m, 2 do
-          reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = 1, short[j], short[j + 1], 0
-          n = n + 4
-        end
-      end
       if not spec[2] then reply[2] = 0 end
       -- A denial writes nothing, but a state repaired on reading (a token bucket read
       -- through a clock that stepped back), which charges nothing: see token_bucket.lua.

@@ -20,21 +20,23 @@ local function refund_bucket(key, limit, window, capacity, cost, charged_at)
   local tau = capacity * interval
   local tat = bucket_tat(redis.call('GET', key), now, tau)
   if tat == nil or tat <= now then return 0 end -- full again: the charge is gone
-  local credit = cost * interval - (now - charged_at)
+  -- A reservation (wait=) is charged when it is admitted, ahead: given back before, whole.
+  local credit = cost * interval - math.max(0, now - charged_at)
   if credit <= 0 then return 0 end
   local new_tat = tat - credit
   put(key, bucket_state(new_tat, now, tau), new_tat - now)
   return 1
 end
 
--- A fixed window charged in the window starting at start.
-local function refund_window(key, start, cost)
+-- A fixed window charged in the window starting at start. A window ahead of now (a
+-- reservation's) keeps its state even at 0: it also says the ones before are full.
+local function refund_window(key, start, cost, ahead)
   local raw = redis.call('GET', key)
   if not raw then return 0 end
   local s, c = string.match(raw, '^(%d+):(%d+)$')
   if tonumber(s) ~= start then return 0 end -- window is over
   local count = math.max(0, tonumber(c) - cost)
-  if count == 0 then
+  if count == 0 and not ahead then
     redis.call('DEL', key)
   else
     redis.call('SET', key, s .. ':' .. fmt(count), 'KEEPTTL')
@@ -43,7 +45,8 @@ local function refund_window(key, start, cost)
 end
 
 local function refund_fixed(key, limit, window, capacity, cost, charged_at)
-  return refund_window(key, charged_at - charged_at % window, cost)
+  local start = charged_at - charged_at % window
+  return refund_window(key, start, cost, start > now - now % window)
 end
 
 -- A calendar window's "window" argument is the start of the window it was charged in.
@@ -68,6 +71,9 @@ local function refund_counter(key, limit, window, capacity, cost, charged_at)
     c = math.max(0, c - cost) -- still the current window
   elseif s == start + window then
     p = math.max(0, p - cost) -- the window rolled: our charge is now "previous"
+  elseif s + window == charged_at then
+    -- a reservation admitted as the window it is counted in ends (adjust.refund_counter)
+    c = math.max(0, c - cost)
   else
     return 0
   end
@@ -89,6 +95,7 @@ local refunds = {
   ls = release_lease, -- a lease undone with others (a denial in another slot); a release
   -- after the response alone is a plain ZREM (redis.py, released_leases)
   cap = release_lease, -- the fleet's capacity: a lease too
+  cr = function(key, limit, window, capacity, cost) return credits_refund(key, now, cost) end,
 }
 
 local changed = 0

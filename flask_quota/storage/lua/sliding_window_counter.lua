@@ -45,9 +45,40 @@ local function counter_reset_at(now, start, window, prev, cur)
   return now
 end
 
--- raw: the stored "start:prev:cur" from decide.lua's MGET (false when absent).
-local function sliding_window_counter(raw, now, limit, window, capacity, cost)
+-- A state holding the window after the current one (a reservation's): the windows
+-- before it are full; callers reserve in it as its previous window's weight decays.
+-- algorithms._counter_ahead.
+local function counter_ahead(raw, ahead, now, limit, window, cost, wait)
+  local _, p, c = string.match(raw, '^(%d+):(%d+):(%d+)$')
+  local prev, cur = tonumber(p), tonumber(c)
+  local reset = counter_reset_at(now, ahead, window, prev, cur)
+  if cost == 0 then return 1, 0, reset, 0, raw, reset - now end
+  if cost > limit then return 0, 0, reset, window end
+  local need = limit - cur - cost
+  local at, s, pv, c
+  if need >= 0 then -- in the stored window
+    at, s, pv, c = ahead, ahead, prev, cur + cost
+    if need < prev then at = ahead + window - muldiv(need, window, prev) end
+  else -- in the one after, as the stored window's own count decays
+    need = limit - cost
+    at, s, pv, c = ahead + window, ahead + window, cur, cost
+    if need < cur then at = ahead + 2 * window - muldiv(need, window, cur) end
+  end
+  local retry = math.max(1, at - now)
+  if retry > wait then return 0, 0, reset, retry end
+  reset = counter_reset_at(now, s, window, pv, c)
+  return 1, 0, reset, retry, format('%d:%d:%d', s, pv, c), reset - now
+end
+
+-- raw: the stored "start:prev:cur" from decide.lua's MGET (false when absent). wait: how
+-- long the caller may wait (0: not at all); a cost that fits within it is reserved, in
+-- this window or, stored ahead, the next (algorithms.sliding_window_counter).
+local function sliding_window_counter(raw, now, limit, window, capacity, cost, wait)
   local start = now - now % window
+  if raw then
+    local held = tonumber(string.match(raw, '^(%d+):%d+:%d+$'))
+    if held and held > start then return counter_ahead(raw, held, now, limit, window, cost, wait) end
+  end
   local prev, cur = counter_counts_of(raw, start, window)
   -- The previous window's count, weighted by what is left of it, rounded up.
   local weighted, rest = muldiv(prev, window - (now - start), window)
@@ -66,6 +97,12 @@ local function sliding_window_counter(raw, now, limit, window, capacity, cost)
     retry = window
   else
     retry = math.max(1, start + 2 * window - muldiv(limit - cost, window, cur) - now)
+  end
+  if cost > 0 and cost <= limit and retry <= wait then
+    local s, p, c = start, prev, cur + cost -- this window, once the previous one decays
+    if now + retry >= start + window then s, p, c = start + window, cur, cost end -- the next
+    local reset = counter_reset_at(now, s, window, p, c)
+    return 1, 0, reset, retry, format('%d:%d:%d', s, p, c), reset - now
   end
   return 0, math.max(0, limit - weighted - cur), counter_reset_at(now, start, window, prev, cur), retry
 end

@@ -2,8 +2,9 @@
 -- Mirrors flask_quota.core.algorithms.token_bucket. Returns as decide.lua reads it (see there).
 -- raw: the stored time from decide.lua's MGET (false when absent). interval (the window
 -- over the limit, rounded down) and tau (capacity * interval) are the check's, worked
--- out once per check (decide.lua's spec_of).
-local function token_bucket(raw, now, interval, tau, window, capacity, cost)
+-- out once per check (decide.lua's spec_of). wait: how long the caller may wait (0: not
+-- at all); a cost that fits within it is reserved (algorithms.token_bucket).
+local function token_bucket(raw, now, interval, tau, window, capacity, cost, wait)
   local tat = raw and tonumber(raw) -- false (absent): no call
   -- A debt ("tat:written"), or a TAT further ahead than a refill (the clock stepped
   -- back): read as common.lua's bucket_tat says. A plain TAT within a refill: no call.
@@ -30,6 +31,10 @@ local function token_bucket(raw, now, interval, tau, window, capacity, cost)
     local left = tau - (new_tat - now)
     return 1, (left - left % interval) / interval, new_tat, 0, format('%d', new_tat), new_tat - now
   end
+  local retry = new_tat - tau - now
+  if retry <= wait then -- a reservation: past empty, so stored as a debt
+    return 1, 0, new_tat, retry, bucket_state(new_tat, now, tau), new_tat - now
+  end
   local remaining = floor((tau - (base - now)) / interval)
-  return 0, remaining, base, new_tat - tau - now, repair, repair_ttl
+  return 0, remaining, base, retry, repair, repair_ttl
 end
