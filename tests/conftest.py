@@ -67,6 +67,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "valkey-server (fixture server_kind)",
     )
     config.addinivalue_line("markers", "valkey: runs on a valkey-server (started by the tests)")
+    config.addinivalue_line(
+        "markers",
+        "long: mostly waits for a minute or more (a rate's own pace): started first, so the "
+        "other workers' tests run beside it instead of after it",
+    )
     config.addinivalue_line("markers", "postgresql: runs on the PostgreSQL of the test run")
     config.addinivalue_line("markers", "mysql: runs on the MariaDB / MySQL of the test run")
     config.addinivalue_line(
@@ -85,9 +90,12 @@ _SQL_KINDS = ("postgresql", "mysql")
 _SHARED_PER_MODULE = {"cluster", "sentinels", "sentinel", "browser", "dists", "site"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups set here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test's PostgreSQL and MariaDB variants with their server's name; group
-    the users of a module's costly fixtures (``_SHARED_PER_MODULE``) for xdist."""
+    the users of a module's costly fixtures (``_SHARED_PER_MODULE``) for xdist; the
+    ``long`` tests first."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable
     for item in items:
         if _SHARED_PER_MODULE & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
@@ -99,6 +107,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 for kind in _SQL_KINDS:
                     if value.startswith(kind):
                         item.add_marker(kind)
+
+
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """A run whose xdist groups did not take fails at once. xdist groups by adding
+    ``@group`` to node IDs; when that stops working (pytest 9.2 with xdist 3.8,
+    pytest-dev/pytest-xdist#1386) every group is silently spread over the workers, each
+    of which then starts its own cluster, browser and wheel. The docs tests always
+    share the built site, so their IDs tell."""
+    if node.config.getvalue("dist") != "loadgroup":
+        return
+    for nodeid in ids:
+        if nodeid.startswith("tests/test_docs.py::") and "@" not in nodeid:
+            raise pytest.UsageError(
+                f"--dist loadgroup did not group {nodeid}: this pytest-xdist does not work "
+                "with this pytest (setup.cfg's test extra bounds them)"
+            )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

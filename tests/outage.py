@@ -18,6 +18,7 @@ from tests.dashboards import x_user_routes
 __all__ = ["OPS", "PASSWORD", "TIMEOUT", "redis_app", "traffic_then_login"]
 
 PASSWORD = "outage-password"
+HASH = generate_password_hash(PASSWORD, method="pbkdf2:sha256:1000")  # cheap, as dashboards.py
 OPS = {"Authorization": "Basic " + base64.b64encode(f"ops:{PASSWORD}".encode()).decode()}
 TIMEOUT = 0.2  # QUOTA_STORAGE_TIMEOUT of these apps
 
@@ -30,7 +31,7 @@ def redis_app(tmp_path: Path, redis_url: str, **config: Any) -> Flask:
             "QUOTA_STORAGE_URL": redis_url,
             "QUOTA_STORAGE_TIMEOUT": TIMEOUT,
             "QUOTA_DASHBOARD_URL": "/quota",
-            "QUOTA_DASHBOARD_USERS": {"ops": generate_password_hash(PASSWORD)},
+            "QUOTA_DASHBOARD_USERS": {"ops": HASH},
             "QUOTA_PLANS": {"free": {"user": "30/minute", "resources": {"ai": "5/minute"}}},
             **config,
         }

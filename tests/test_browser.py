@@ -10,7 +10,6 @@ Without it the tests are skipped, loudly; with CI=true they fail instead.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 import urllib.error
@@ -36,16 +35,11 @@ from playwright.sync_api import (
 from playwright.sync_api import Error as PlaywrightError
 
 from tests.apps.dashboard_demo import serving
+from tests.browsers import CHROMIUM, CHROMIUM_ARGS, require_chromium
 from tests.servers import RedisServer
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-CI = os.environ.get("CI", "").lower() in ("1", "true")
 USER, PASSWORD = "ops", "browser-test-password"
 XSS = "<script>alert(1)</script>"
 LIVE_DEADLINE_MS = 3000  # a request must show on the overview this soon, without a reload
@@ -73,10 +67,7 @@ class Demo:
 
 @pytest.fixture(scope="module")
 def playwright() -> Iterator[Playwright]:
-    if not CHROMIUM.exists():
-        if CI:
-            pytest.fail(f"!!! {CHROMIUM} is required in CI (CI=true) but is not installed")
-        pytest.skip(f"!!! {CHROMIUM} not found: browser tests SKIPPED (apt-get install chromium)")
+    require_chromium()
     with sync_playwright() as p:
         yield p
 

@@ -222,6 +222,33 @@ def test_a_denied_request_is_charged_nowhere(
         storage.close()
 
 
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+def test_a_reservation_refused_by_another_slot_is_given_back(
+    flushed: Cluster, algorithm: Algorithm
+) -> None:
+    """A check that may wait (``delay=``, ``wait=``) reserves on its slot while another
+    slot denies: the reservation is refunded for the time it was reserved for, and the
+    next waiter gets that same turn."""
+    clock = FrozenClock(1_700_000_000.5)
+    storage = ClusterStorage.from_url(flushed.url, timeout=2, clock=clock)
+    rate = parse_rate("1/second")
+    pace = Check(f"quota:{{ip=10.0.0.1}}:e:{algorithm.code}", algorithm, rate, 1, wait_us=3_000_000)
+    user = Check(f"quota:{{id=bob}}:u:{algorithm.code}", algorithm, parse_rate("1/hour"), 1)
+    assert len(slot_groups([pace, user])) == 2
+    try:
+        assert storage.decide([pace, user]).allowed  # both slots' one unit
+        clock.advance(0.1)
+        refused = storage.decide([pace, user])
+        assert not refused.allowed
+        assert refused.outcomes[0].allowed and refused.outcomes[0].retry_after_us > 0
+        turn = refused.outcomes[0].retry_after_us
+        again = storage.decide([pace])  # the same turn, not the one after it
+        assert again.allowed
+        assert again.outcomes[0].retry_after_us == turn
+    finally:
+        storage.close()
+
+
 # -- the tenant tier: a slot of its own, in the refund protocol --------------------
 
 

@@ -326,3 +326,73 @@ def test_end_labels_stay_inside_their_panel() -> None:
         for y in (panel.allowed_y, panel.denied_y):
             assert panel.plot_top + 8 <= y <= panel.plot_bottom + 4, (last, panel)
         assert abs(panel.allowed_y - panel.denied_y) >= chart.LABEL_GAP - 0.01, (last, panel)
+
+
+def test_closest_to_limit_says_nothing_when_every_bucket_is_full(
+    frozen_ops_app: Flask, clock: FrozenClock
+) -> None:
+    """A caller of the last minutes whose buckets have all refilled is not "closest to"
+    any limit: the overview shows no bucket for it (a dash), not "user: 3/3 left"."""
+    http = frozen_ops_app.test_client()
+    http.post("/infer", headers={"X-User": "ada"})
+    flush(frozen_ops_app)
+    top = http.get("/quota/api/overview", headers=OPS).get_json()["top"][0]
+    assert top["closest"] is not None and top["closest"]["remaining"] < top["closest"]["limit"]
+    clock.advance(90)  # every bucket (3/minute, 2/minute) is full again
+    flush(frozen_ops_app)
+    data = http.get("/quota/api/overview", headers=OPS).get_json()
+    (top,) = [row for row in data["top"] if row["tag"] == "id=ada"]
+    assert top["closest"] is None
+    page = http.get("/quota/", headers=OPS).get_data(as_text=True)
+    row = re.search(r'<tbody id="top">(.*?)</tbody>', page, re.S)
+    assert row is not None and "ada" in row.group(1)
+    assert " left" not in row.group(1) and "\u2013" in row.group(1)  # an en dash: no bucket
+
+
+def test_each_chart_panel_says_its_end_labels_are_this_minutes(frozen_ops_app: Flask) -> None:
+    """The counts at a panel's right end are the current minute's, not the hour's: every
+    panel of the chart says "this minute" above them, on the overview and a caller's page."""
+    http = frozen_ops_app.test_client()
+    for _ in range(3):
+        http.post("/infer", headers={"X-User": "ada"})
+    flush(frozen_ops_app)
+    for url in ("/quota/chart.svg", "/quota/chart.svg?identity=id=ada"):
+        svg = http.get(url, headers=OPS).get_data(as_text=True)
+        panels = svg.split('<g class="panel">')[1:]
+        assert len(panels) >= 2, svg
+        for panel in panels:
+            texts = re.findall(r"<text[^>]*>([^<]*)</text>", panel)
+            assert "this minute" in texts, texts
+            assert any(re.fullmatch(r"allowed \d+", t) for t in texts), texts
+
+
+def test_a_token_resources_minute_chart_counts_tokens(tmp_path: Path, clock: FrozenClock) -> None:
+    """A resource that counts tokens (``unit="tokens"``, a cost per request): its panel on
+    the per-minute chart is titled in tokens and counts the 3 x 40 tokens admitted (and
+    the 40 refused), not 3 requests; the caller's own tier still counts requests."""
+    app = dashboard_app(
+        tmp_path,
+        MemoryStorage(clock),
+        QUOTA_DASHBOARD_USERS={"ops": HASH},
+        QUOTA_PLANS={"free": {"user": "100/minute", "resources": {"llm": "120/minute"}}},
+    )
+
+    @app.post("/llm")
+    @Quota().limit(resource="llm", cost=40, unit="tokens")  # a decorator marks the view
+    def llm() -> str:
+        return "ok"
+
+    http = app.test_client()
+    statuses = [http.post("/llm", headers={"X-User": "ada"}).status_code for _ in range(4)]
+    assert statuses == [200, 200, 200, 429]
+    flush(app)
+    svg = http.get("/quota/chart.svg", headers=OPS).get_data(as_text=True)
+    panels = {
+        re.findall(r'<text class="name"[^>]*>([^<]*)</text>', p)[0]: p
+        for p in svg.split('<g class="panel">')[1:]
+    }
+    assert "llm (tokens)" in panels, list(panels)
+    texts = re.findall(r"<text[^>]*>([^<]*)</text>", panels["llm (tokens)"])
+    assert "allowed 120" in texts and "denied 40" in texts, texts
+    user = re.findall(r"<text[^>]*>([^<]*)</text>", panels["user"])
+    assert "allowed 3" in user, user

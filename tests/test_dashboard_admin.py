@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
 
@@ -9,9 +10,11 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
+from dashboard.session import COOKIE
+from flask_quota.sql.admin import QuotaAdmin
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock
-from tests.dashboards import HASH, OPS, cell, dashboard_app, post
+from tests.dashboards import HASH, OPS, cell, csrf_from, dashboard_app, post
 
 
 def free_user_rate(http: FlaskClient) -> str | None:
@@ -131,3 +134,64 @@ def test_identity_page_changes_plan_and_adds_override(ops_app: Flask) -> None:
     assert bad_expiry[0] == 400
     audit = http.get("/quota/audit", headers=OPS).get_data(as_text=True)
     assert audit.count("override.set") == 1
+
+
+# Every form that creates something, with input it accepts: (action, form page, fields).
+CREATE_FORMS = [
+    ("/quota/plans/new", "/quota/plans", {"name": "team"}),
+    ("/quota/plans/limit", "/quota/plans",
+     {"plan": "free", "tier": "endpoint", "resource": "pdf", "rate": "4/minute"}),
+    ("/quota/clients/new", "/quota/clients", {"name": "acme", "plan": "free"}),
+    ("/quota/networks/new", "/quota/networks", {"cidr": "203.0.113.0/24", "action": "deny"}),
+    ("/quota/blocks/new", "/quota/blocks", {"caller": "mallory", "duration": "10m"}),
+    ("/quota/tenant/acme/override", "/quota/clients", {"tier": "tenant", "rate": "50/minute"}),
+    ("/quota/clients/{client}/override", "/quota/clients",
+     {"tier": "user", "rate": "50/minute", "next": "identity"}),
+    ("/quota/identity/id={client}/block", "/quota/clients", {"duration": "10m"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("action", "form_page", "fields"), CREATE_FORMS)
+def test_every_create_form_redirects_after_its_post(
+    ops_app: Flask, action: str, form_page: str, fields: dict[str, str]
+) -> None:
+    """Post/Redirect/Get: a create form that succeeds answers a redirect to a page, so
+    reloading what the browser shows GETs that page and creates nothing twice."""
+    store = ops_app.extensions["quota"].sql
+    client, _ = QuotaAdmin(store, actor="t").create_client("acme-user", "free", tenant="acme")
+    store.refresh()
+    http = ops_app.test_client()
+    token = csrf_from(http, form_page)
+    url = action.format(client=client.id)
+    response = http.post(url, headers=OPS, data={**fields, "csrf_token": token})
+    assert response.status_code in (302, 303), response.get_data(as_text=True)[:500]
+    target = response.headers["Location"]
+    assert target.startswith("/quota/")
+    shown = http.get(target, headers=OPS)
+    assert shown.status_code == 200
+    assert 'class="flash ok"' in shown.get_data(as_text=True)
+
+
+def test_a_new_clients_key_is_shown_once_after_the_redirect(ops_app: Flask) -> None:
+    """The new client's key survives the redirect in the dashboard's cookie, encrypted
+    (never readable there, even by someone who can decode the signed cookie), and is
+    shown by the next page only: a reload shows it no more, and creates nothing."""
+    http = ops_app.test_client()
+    token = csrf_from(http, "/quota/clients")
+    response = http.post(
+        "/quota/clients/new",
+        headers=OPS,
+        data={"name": "acme", "plan": "free", "csrf_token": token},
+    )
+    assert response.status_code in (302, 303)
+    cookie = http.get_cookie(COOKIE, path="/quota")
+    assert cookie is not None
+    payload = cookie.value.split(".")[0]
+    decoded = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()
+    page = http.get(response.headers["Location"], headers=OPS).get_data(as_text=True)
+    key = re.search(r'<div id="new-key">([^<]+)</div>', page)
+    assert key is not None and ops_app.extensions["quota"].sql.identify(key.group(1)) is not None
+    assert key.group(1) not in decoded and key.group(1)[8:] not in cookie.value
+    again = http.get("/quota/clients", headers=OPS).get_data(as_text=True)
+    assert 'id="new-key"' not in again and key.group(1) not in again
+    assert again.count(">acme</a>") == 1

@@ -87,6 +87,19 @@ def test_cell_shows_algorithm_and_shadow(ops_app: Flask) -> None:
     assert (user.algorithm, user.shadow) == (None, False)
 
 
+def test_a_resource_set_to_credits_is_spent_from_a_balance(ops_app: Flask) -> None:
+    """The editor takes ``credits`` where it takes a rate: the cell says so, and the
+    resource's view answers 402 (nothing granted yet) where it counted a rate."""
+    http = ops_app.test_client()
+    assert http.post("/infer", headers={"X-User": "bo"}).status_code == 200
+    status, html = post(http, "/quota/plans/free/limit", "/quota/plans", tier="endpoint",
+                        resource="ai", rate="credits", algorithm="")  # fmt: skip
+    assert status == 200 and "is now credits" in html
+    assert cell(http, "free", "endpoint:ai") == "credits"
+    reply = http.post("/infer", headers={"X-User": "bo"})
+    assert reply.status_code == 402 and reply.get_json()["tier"] == "credits"
+
+
 def test_unknown_algorithm_is_refused(ops_app: Flask) -> None:
     """An algorithm that is not one of QUOTA_ALGORITHM's choices: 400, named, nothing saved."""
     http = ops_app.test_client()
@@ -384,3 +397,32 @@ def test_the_overview_counts_a_resources_unit(ops_app: Flask) -> None:
     assert near["ai (POST)"] == "tokens"
     assert near.get("user", "requests") == "requests"
     assert "0/2 tokens left" in http.get("/quota/", headers=OPS).get_data(as_text=True)
+
+
+@pytest.mark.parametrize(("source", "interval"), [("config", None), ("database", 1.2)])
+def test_the_plans_page_names_the_sync_interval_it_runs_with(
+    tmp_path: Path, source: str, interval: float | None
+) -> None:
+    """The page says how soon a change reaches every worker by the setting in force
+    (QUOTA_SYNC_INTERVAL, 0.5 s unless set), never a fixed "two seconds"; read-only, it
+    says a change to QUOTA_PLANS is applied at the next start."""
+    config: dict[str, Any] = {"QUOTA_PLANS_SOURCE": source}
+    if interval is not None:
+        config["QUOTA_SYNC_INTERVAL"] = interval
+    app = dashboard_app(tmp_path, QUOTA_DASHBOARD_USERS={"ops": HASH}, QUOTA_PLANS=PLANS, **config)
+    try:
+        html = page(app.test_client())
+        text = " ".join(re.sub(r"<[^>]+>", " ", html).split())
+        assert "two seconds" not in text and not re.search(r"(?<![\d.])2 s\b", text)
+        expected = "1.2 s" if interval else "0.5 s"
+        assert f"within the sync interval (QUOTA_SYNC_INTERVAL, {expected})" in text, text
+        assert ("at the next start" in text) is (source == "config")
+    finally:
+        app.extensions["quota"].sql.close()
+
+
+def test_the_networks_page_names_the_sync_interval(ops_app: Flask) -> None:
+    html = ops_app.test_client().get("/quota/networks", headers=OPS).get_data(as_text=True)
+    text = " ".join(re.sub(r"<[^>]+>", " ", html).split())
+    assert "within the sync interval (QUOTA_SYNC_INTERVAL, 0.5 s)" in text
+    assert not re.search(r"(?<![\d.])2 s\b", text)

@@ -207,3 +207,21 @@ def test_a_database_that_fails_gives_a_page_that_says_so(ops_app: Flask, acme: s
         status, page = get(http, url)
         assert status == 503, url
         assert "The quota database did not answer" in page
+
+
+@pytest.mark.parametrize("ops_app_config", [{
+    "QUOTA_LEDGER": True,
+    "QUOTA_PLANS": {"free": {"user": "100/minute",
+                             "resources": {"ai": {"rate": "1000/month", "unit": "tokens"}}}},
+}])  # fmt: skip
+def test_a_token_resources_chart_counts_tokens_and_says_so(ops_app: Flask, acme: str) -> None:
+    """A resource whose plan counts tokens: its panel is titled in tokens and its bars
+    count the 250 tokens of the day (not the 3 requests); the requests panel says
+    requests; the totals' units cell names the unit."""
+    _, page = get(ops_app.test_client(), f"/quota/usage/client/{acme}?period=2025-11")
+    svg = re.search(r'<svg [^>]*id="usage-chart".*?</svg>', page, re.S)
+    assert svg is not None
+    names = re.findall(r'<text class="name"[^>]*>([^<]*)</text>', svg.group(0))
+    assert names == ["requests per day", "ai (tokens) per day"], names
+    assert "<title>2025-11-20: 250 tokens</title>" in svg.group(0)
+    assert totals(page)["ai"][:3] == ["ai", "250 tokens", "3"]

@@ -9,100 +9,15 @@ the head revision.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from inspect import signature
 from pathlib import Path
-from typing import Any
 
-import click
 import pytest
-from click.testing import CliRunner
-from flask import Flask
-from flask_sqlalchemy import SQLAlchemy
-from sqlalchemy import create_engine, inspect, text
 
-from flask_quota import Quota
 from flask_quota.sql.models import SCHEMA_REVISION, metadata
 from flask_quota.sql.schema import VERSION_TABLE
+from tests.projects import Project
 
 QUOTA_TABLES = set(metadata.tables)
-
-
-@dataclass
-class Result:
-    code: int
-    output: str  # stdout and stderr, interleaved
-    stdout: str = ""
-    stderr: str = ""
-
-
-class Project:
-    """An app whose every `flask ...` command is a fresh app, as a new process would be.
-
-    ``host_db``: the app keeps the quota tables in its Flask-SQLAlchemy ``db``
-    (``Quota(app, db=db)``); otherwise in ``QUOTA_DATABASE_URL``.
-    """
-
-    def __init__(self, directory: Path, url: str, *, host_db: bool = False) -> None:
-        self.directory = directory
-        self.url = url
-        self.host_db = host_db
-
-    @contextmanager
-    def app(self) -> Iterator[Flask]:
-        app = Flask(__name__, instance_path=str(self.directory / "instance"))
-        db = None
-        if self.host_db:
-            app.config["SQLALCHEMY_DATABASE_URI"] = self.url
-            db = SQLAlchemy(app)
-        else:
-            app.config["QUOTA_DATABASE_URL"] = self.url
-        # As in a `flask` process, the app is made inside the command's click context
-        # (where the SQL store never starts on its own: migrations find it untouched).
-        with click.Context(click.Command("flask")):
-            Quota(app, db=db)
-        try:
-            yield app
-        finally:
-            app.extensions["quota"].sql.close()
-            if db is not None:
-                with app.app_context():
-                    db.engine.dispose()
-
-    def run(self, *args: str) -> Result:
-        with self.app() as app:
-            result = cli_runner(app).invoke(args=list(args))
-        # click < 8.2, told to keep stderr apart, leaves it out of ``output``; from 8.2
-        # ``output`` is both streams as the terminal shows them.
-        output = result.output if SEPARATE_BY_DEFAULT else result.stdout + result.stderr
-        return Result(result.exit_code, output, result.stdout, result.stderr)
-
-    def ok(self, *args: str) -> str:
-        result = self.run(*args)
-        assert result.code == 0, f"{args}: {result.output}"
-        return result.output
-
-    def create_all(self) -> None:
-        """The host's own ``db.create_all()``."""
-        with self.app() as app, app.app_context():
-            app.extensions["sqlalchemy"].create_all()
-
-    def tables(self) -> set[str]:
-        engine = create_engine(self.url)
-        try:
-            return set(inspect(engine).get_table_names())
-        finally:
-            engine.dispose()
-
-    def execute(self, sql: str) -> None:
-        engine = create_engine(self.url)
-        try:
-            with engine.begin() as conn:
-                conn.execute(text(sql))
-        finally:
-            engine.dispose()
 
 
 @pytest.fixture
@@ -134,7 +49,8 @@ def test_upgrade_says_what_it_did_in_one_line_and_is_quiet_unless_asked(
     assert "Running upgrade 0001_quota_tables -> 0002_tenants" in first.stderr
     assert "Running upgrade 0002_tenants -> 0003_concurrency_units" in first.stderr
     assert "Running upgrade 0003_concurrency_units -> 0004_ledger_webhooks" in first.stderr
-    assert f"Running upgrade 0004_ledger_webhooks -> {SCHEMA_REVISION}" in first.stderr
+    assert "Running upgrade 0004_ledger_webhooks -> 0005_networks" in first.stderr
+    assert f"Running upgrade 0005_networks -> {SCHEMA_REVISION}" in first.stderr
     again = project.run("quota", "db", "upgrade")
     assert again.code == 0 and again.stderr == "", again.output
     assert again.stdout == f"quota tables already at {SCHEMA_REVISION}; nothing to do\n"
@@ -199,13 +115,3 @@ def test_host_db_gets_the_tables_and_create_all_tables_are_adopted(
     assert "they match" in host.ok("quota", "db", "upgrade")
     assert f"{SCHEMA_REVISION} (head)" in host.ok("quota", "db", "current")
     assert "enterprise" in host.ok("quota", "plans", "list")
-
-
-SEPARATE_BY_DEFAULT = "mix_stderr" not in signature(CliRunner.__init__).parameters
-
-
-def cli_runner(app: Flask) -> Any:
-    """A CLI runner keeping stderr apart from stdout: click < 8.2 mixes them unless told."""
-    if SEPARATE_BY_DEFAULT:
-        return app.test_cli_runner()
-    return app.test_cli_runner(mix_stderr=False)

@@ -9,7 +9,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from flask_quota import Quota, QuotaExceeded
+from flask_quota import Identity, Quota, QuotaExceeded
 from flask_quota.core.headers import RENAMEABLE
 from flask_quota.storage import MemoryStorage
 from flask_quota.testing import FrozenClock, assert_limited
@@ -25,7 +25,13 @@ EVERY = {
     "Retry-After": "X-Q-Retry-After",
     "X-Concurrency-Limit": "X-Q-In-Flight",
     "X-Concurrency-Remaining": "X-Q-In-Flight-Left",
+    "X-RateLimit-Delayed": "X-Q-Held",
+    "X-Credits-Balance": "X-Q-Balance",
+    "X-Credits-Resource": "X-Q-Balance-Of",
 }
+# Sent on other responses than a 429: a request held by delay= (tests/test_waiting.py
+# renames it) and a credits resource's spend (below).
+NOT_ON_A_429 = ("X-RateLimit-Delayed", "X-Credits-Balance", "X-Credits-Resource")
 
 
 def limited_app(
@@ -69,9 +75,38 @@ def test_every_header_can_be_renamed_including_the_429s_retry_after(
     denied = client.get("/r")
     assert denied.status_code == 429
     for old, new in EVERY.items():
+        if old in NOT_ON_A_429:
+            continue
         assert new in denied.headers, new
         assert old not in denied.headers, old
     assert denied.headers["X-Q-Retry-After"] == "60"
+
+
+def test_the_credits_headers_can_be_renamed(app: Flask, clock: FrozenClock) -> None:
+    """A credits resource's balance and name go out under the app's names too."""
+    app.config.update(
+        QUOTA_PLANS={"payg": {"resources": {"sms": "credits"}}},
+        QUOTA_DEFAULT_PLAN="payg",
+        QUOTA_ANONYMOUS_PLAN="payg",
+        QUOTA_HEADER_NAMES=EVERY,
+    )
+    quota = Quota(app, storage=MemoryStorage(clock))
+
+    @quota.identity_loader
+    def caller() -> Identity:
+        return Identity("c1", "payg")
+
+    @app.post("/sms")
+    @quota.limit(resource="sms", cost=2)
+    def sms() -> str:
+        return "sent"
+
+    with app.app_context():
+        quota.grant(identity="c1", resource="sms", units=5)
+    spent = app.test_client().post("/sms")
+    assert spent.status_code == 200
+    assert (spent.headers["X-Q-Balance"], spent.headers["X-Q-Balance-Of"]) == ("3", "sms")
+    assert "X-Credits-Balance" not in spent.headers
 
 
 def test_a_429_made_by_the_apps_errorhandler_gets_the_new_names(

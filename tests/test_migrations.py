@@ -1,5 +1,6 @@
-"""``migrations/``: `flask db upgrade` builds the schema the models describe, on SQLite,
-PostgreSQL and MariaDB, `downgrade base` removes it, and both agree with the models."""
+"""``migrations/``: `flask quota db upgrade` (and Flask-Migrate's `flask db`) builds the
+schema the models describe, on SQLite, PostgreSQL and MariaDB, `downgrade base` removes
+it, and both agree with the models."""
 
 from __future__ import annotations
 
@@ -21,28 +22,18 @@ from sqlalchemy import create_engine, inspect, text
 from flask_quota import Quota
 from flask_quota.sql.models import SCHEMA_REVISION, metadata
 from flask_quota.sql.schema import VERSION_TABLE
+from tests.projects import Project
 from tests.servers import ROOT
 
 MIGRATIONS = ROOT / "migrations"
 
 
-def flask_db(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """`flask --app wsgi db ...` against ``url``, as an operator would run it."""
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("QUOTA_")},
-        "QUOTA_DATABASE_URL": url,
-        "PYTHONPATH": str(ROOT),
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "flask", "--app", "wsgi", "db", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    return result
+def flask_db(directory: Path, url: str, *args: str) -> str:
+    """`flask quota db ...` against ``url`` on a fresh app, as a new `flask` process would
+    run it, in this process (each process took seconds of imports): the migrations are
+    the same files, and Flask-Migrate's `flask db`, which runs them through its ini file,
+    is test_models_and_the_migration_head_agree's, in a process of its own."""
+    return Project(directory, url).ok("quota", "db", *args)
 
 
 def quota_tables(url: str) -> set[str]:
@@ -73,29 +64,42 @@ def differences(url: str) -> list[Any]:
         engine.dispose()
 
 
-def test_upgrade_downgrade_upgrade_from_nothing(database_url: str) -> None:
+def test_upgrade_downgrade_upgrade_from_nothing(tmp_path: Path, database_url: str) -> None:
     """`flask db upgrade` on an empty database builds the schema; `downgrade base` drops it."""
     assert quota_tables(database_url) == set()
-    flask_db(database_url, "upgrade")
+    flask_db(tmp_path, database_url, "upgrade")
     assert quota_tables(database_url) == set(metadata.tables) | {VERSION_TABLE}
     assert differences(database_url) == []
-    assert SCHEMA_REVISION in flask_db(database_url, "current").stdout
-    flask_db(database_url, "downgrade", "base")
+    assert SCHEMA_REVISION in flask_db(tmp_path, database_url, "current")
+    flask_db(tmp_path, database_url, "downgrade", "base")
     assert quota_tables(database_url) == {VERSION_TABLE}  # Alembic's own, now empty
-    flask_db(database_url, "upgrade")
+    flask_db(tmp_path, database_url, "upgrade")
     assert quota_tables(database_url) == set(metadata.tables) | {VERSION_TABLE}
     assert differences(database_url) == []
 
 
-def test_models_and_the_migration_head_agree(database_url: str) -> None:
+def test_models_and_the_migration_head_agree(tmp_path: Path, database_url: str) -> None:
     """The newest revision is models.SCHEMA_REVISION, and it leaves nothing to autogenerate."""
     config = Config(str(MIGRATIONS / "alembic.ini"))
     config.set_main_option("script_location", str(MIGRATIONS))
     script = ScriptDirectory.from_config(config)
     assert script.get_heads() == [SCHEMA_REVISION]
-    flask_db(database_url, "upgrade")
+    flask_db(tmp_path, database_url, "upgrade")
     assert differences(database_url) == []
-    check = flask_db(database_url, "check")  # Flask-Migrate's own comparison, through env.py
+    # Flask-Migrate's own comparison, through env.py and its ini, as an operator runs it.
+    check = subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "wsgi", "db", "check"],
+        cwd=ROOT,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("QUOTA_")},
+            "QUOTA_DATABASE_URL": database_url,
+            "PYTHONPATH": str(ROOT),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert check.returncode == 0, check.stderr
     assert "No new upgrade operations detected" in check.stdout + check.stderr
 
 
@@ -120,11 +124,11 @@ def test_tables_the_extension_made_are_stamped_at_head(tmp_path: Path, database_
         sql.close()
 
 
-def test_a_0001_database_upgrades_in_place_to_tenants(database_url: str) -> None:
+def test_a_0001_database_upgrades_in_place_to_tenants(tmp_path: Path, database_url: str) -> None:
     """A database at 0001 with a plan, a client and its override upgrades to 0002 keeping
     every row; then a tenant, a billing day, a tenant override and a tenant-tier plan
     limit fit, the constraints still refuse nonsense, and downgrade keeps 0001's rows."""
-    flask_db(database_url, "upgrade", "0001_quota_tables")
+    flask_db(tmp_path, database_url, "upgrade", "0001_quota_tables")
     engine = create_engine(database_url)
     try:
         with engine.begin() as conn:
@@ -140,7 +144,7 @@ def test_a_0001_database_upgrades_in_place_to_tenants(database_url: str) -> None
                 "INSERT INTO quota_overrides (id, client_id, tier, resource, rate, created_at) "
                 "VALUES (3, 7, 'user', '', '9/minute', '2026-01-01 00:00:00')"
             )
-        flask_db(database_url, "upgrade")
+        flask_db(tmp_path, database_url, "upgrade")
         assert differences(database_url) == []
         with engine.begin() as conn:
             assert conn.exec_driver_sql(
@@ -170,7 +174,7 @@ def test_a_0001_database_upgrades_in_place_to_tenants(database_url: str) -> None
         for statement in refused:
             with pytest.raises(Exception), engine.begin() as conn:  # noqa: B017 (any driver's)
                 conn.execute(text(statement))
-        flask_db(database_url, "downgrade", "0001_quota_tables")
+        flask_db(tmp_path, database_url, "downgrade", "0001_quota_tables")
         with engine.begin() as conn:
             assert conn.execute(text("SELECT id, rate FROM quota_overrides")).all() == [
                 (3, "9/minute")
@@ -180,11 +184,13 @@ def test_a_0001_database_upgrades_in_place_to_tenants(database_url: str) -> None
         engine.dispose()
 
 
-def test_a_0002_database_upgrades_in_place_to_concurrency_and_units(database_url: str) -> None:
+def test_a_0002_database_upgrades_in_place_to_concurrency_and_units(
+    tmp_path: Path, database_url: str
+) -> None:
     """A database at 0002 with a plan and its limits upgrades to 0003 keeping every row
     (no bound, no unit); then a plan's concurrency and a resource's unit fit, a bound
     below 1 and a unit on the user tier are refused, and downgrade keeps 0002's rows."""
-    flask_db(database_url, "upgrade", "0002_tenants")
+    flask_db(tmp_path, database_url, "upgrade", "0002_tenants")
     engine = create_engine(database_url)
     try:
         with engine.begin() as conn:
@@ -197,7 +203,7 @@ def test_a_0002_database_upgrades_in_place_to_concurrency_and_units(database_url
                 "VALUES (1, 1, 'user', '', '100/minute', false), "
                 "(2, 1, 'endpoint', 'ai_tokens', '2000/hour', false)"
             )
-        flask_db(database_url, "upgrade")
+        flask_db(tmp_path, database_url, "upgrade")
         assert differences(database_url) == []
         with engine.begin() as conn:
             assert conn.execute(text("SELECT name, concurrent FROM quota_plans")).all() == [
@@ -215,7 +221,7 @@ def test_a_0002_database_upgrades_in_place_to_concurrency_and_units(database_url
         for statement in refused:
             with pytest.raises(Exception), engine.begin() as conn:  # noqa: B017 (any driver's)
                 conn.execute(text(statement))
-        flask_db(database_url, "downgrade", "0002_tenants")
+        flask_db(tmp_path, database_url, "downgrade", "0002_tenants")
         assert "concurrent" not in {c["name"] for c in inspect(engine).get_columns("quota_plans")}
         assert "unit" not in {c["name"] for c in inspect(engine).get_columns("quota_plan_limits")}
         with engine.begin() as conn:

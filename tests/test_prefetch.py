@@ -4,6 +4,8 @@ The property itself (no interleaving over-admits) is ``tests/test_prefetch_model
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -415,3 +417,33 @@ def test_a_caller_seen_less_often_than_the_horizon_never_takes_a_share() -> None
         now[0] += 1_600_000  # just past the horizon
     assert prefetch.local == 0
     assert storage.peek(list(checks)).outcomes[1].remaining == 100_000 - 1  # refilled: exact
+
+
+def test_a_thread_that_waited_for_the_lock_judges_a_share_by_the_time_it_got_it() -> None:
+    """A share past its deadline is never spent: a thread that read the clock, then waited
+    for the worker's lock while the deadline passed, must not spend it by the time it read
+    (under load a gthread worker's thread can wait that long; seen as one unit over the
+    exact bucket in CI)."""
+    now = [1_800_000_000_000_000]
+    storage = MemoryStorage(clock=lambda: now[0])
+    prefetch = Prefetch(storage, fraction=0.5, horizon=1.5, clock=lambda: now[0] / 1e6)
+    checks = _unit("late")
+    keys = [c.key for c in checks]
+    for _ in range(3):  # noted, known, then a share is taken
+        assert prefetch.decide_flat(checks, keys).all_allowed
+    assert prefetch.held().get(checks[1].key, 0) > 0
+    spent_before = prefetch.local
+    done = threading.Event()
+
+    def late() -> None:
+        prefetch.decide_flat(checks, keys)
+        done.set()
+
+    with prefetch._lock:  # another thread holds the worker's lock
+        worker = threading.Thread(target=late)
+        worker.start()
+        time.sleep(0.2)  # it has read the clock and waits for the lock
+        now[0] += 2_000_000  # meanwhile every share's deadline (the horizon) passes
+    worker.join(timeout=5)
+    assert done.is_set()
+    assert prefetch.local == spent_before  # decided in storage, not from the stale share

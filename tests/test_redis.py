@@ -213,6 +213,7 @@ tiers = st.lists(
         st.sampled_from(list(Algorithm)),
         st.integers(min_value=0, max_value=3),  # cost
         st.booleans(),  # shadow
+        st.sampled_from([0, 0, 1_500_000]),  # how long the caller may wait (a reservation)
     ),
     max_size=4,
 )
@@ -226,20 +227,21 @@ def test_the_short_reply_reads_as_the_long_one(
     redis_client: redis.Redis,
     gated: bool,
     blocked: bool,
-    plan: list[tuple[str, Algorithm, int, bool]],
+    plan: list[tuple[str, Algorithm, int, bool, int]],
     rounds: int,
 ) -> None:
     """Redis answers a request whose checks all allowed with a short reply (no allowed
     flags or retries, a first gate letting by left out), which ``Reply.read`` makes long:
     flat reply for flat reply, memory's long one, whichever check denies first (a
-    blocked gate, a tier, a shadow tier) and however many checks there are."""
+    blocked gate, a tier, a shadow tier) or reserves (its wait is told, so the reply is
+    long), and however many checks there are."""
     redis_client.flushall()
     clock = FrozenClock(1_700_000_123.456789)
     memory, remote = MemoryStorage(clock), RedisStorage(redis_client, clock=clock)
     checks = [Check("gate", Gate.BLOCK, parse_rate("1/second"), 0)] if gated else []
     checks += [
-        Check(f"t{i}", algorithm, parse_rate(rate), cost, shadow)
-        for i, (rate, algorithm, cost, shadow) in enumerate(plan)
+        Check(f"t{i}", algorithm, parse_rate(rate), cost, shadow, wait_us=wait)
+        for i, (rate, algorithm, cost, shadow, wait) in enumerate(plan)
     ]
     if blocked:
         memory.block("gate", 60, "test")

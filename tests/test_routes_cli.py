@@ -4,7 +4,7 @@ route is exempt, from the demo app down to each flag of a limit."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,9 +55,13 @@ def line_of(output: str, rule: str) -> list[str]:
 def test_the_demo_lists_its_ai_route_with_plan_rates_and_health_as_exempt(demo: Flask) -> None:
     output = invoke(demo).stdout
     infer = line_of(output, "/v1/ai/infer")
-    assert infer[:4] == ["/v1/ai/infer", "POST", "infer", "ai_inference"]
-    # Each plan's rate for the resource, in the plans' upgrade order (free, pro, enterprise).
-    assert infer[-3:] == ["5/minute", "30/minute", "120/minute"]
+    # The demo runs with overload protection (QUOTA_CAPACITY): a PRIORITY column.
+    assert infer[:5] == ["/v1/ai/infer", "POST", "infer", "default", "ai_inference"]
+    assert line_of(output, "/v1/checkout")[:4] == ["/v1/checkout", "POST", "checkout", "critical"]
+    assert line_of(output, "/v1/reports")[:4] == ["/v1/reports", "GET", "reports", "sheddable"]
+    # Each plan's rate for the resource, in the plans' upgrade order (free, pro, enterprise,
+    # and payg, the demo's prepaid plan, made last with the free plan's rates).
+    assert infer[-4:] == ["5/minute", "30/minute", "120/minute", "5/minute"]
     health = line_of(output, "/healthz")
     assert health[:3] == ["/healthz", "GET", "health"]
     assert "exempt (@quota.exempt)" in " ".join(health)
@@ -65,7 +69,7 @@ def test_the_demo_lists_its_ai_route_with_plan_rates_and_health_as_exempt(demo: 
     assert line_of(output, "free")[1:3] == ["50/second", "-"]
     assert "100/minute" in line_of(output, "free")
     items = line_of(output, "/v1/items")
-    assert items[3] == "-"
+    assert items[4] == "-"
 
 
 def test_the_demo_as_json(demo: Flask) -> None:
@@ -82,7 +86,12 @@ def test_the_demo_as_json(demo: Flask) -> None:
     (limit,) = infer["limits"]
     assert limit["resource"] == "ai_inference"
     assert limit["rate"] is None  # the plans give the rate; the decorator gives none
-    assert limit["plans"] == {"free": "5/minute", "pro": "30/minute", "enterprise": "120/minute"}
+    assert limit["plans"] == {
+        "free": "5/minute",
+        "pro": "30/minute",
+        "enterprise": "120/minute",
+        "payg": "5/minute",
+    }
     assert routes["/healthz"]["exempt"] == "@quota.exempt"
     assert routes["/healthz"]["limits"] == []
     assert routes["/v1/items"] == {
@@ -90,8 +99,10 @@ def test_the_demo_as_json(demo: Flask) -> None:
         "methods": ["GET"],
         "endpoint": "items",
         "exempt": None,
+        "priority": "default",
         "limits": [],
     }
+    assert routes["/v1/reports"]["priority"] == "sheddable"
 
 
 def test_exemptions_say_why(app: Flask) -> None:
@@ -289,3 +300,117 @@ def test_a_callable_rate_is_listed_as_callable(app: Flask) -> None:
     [limit] = row["limits"]
     assert limit["rate"] == "callable"
     assert limit["plans"] == {"free": "callable", "pro": "50/minute"}
+
+
+def failing(app: Flask, *args: str) -> Result:
+    """``flask quota routes ARGS`` that must fail: its result, exit code checked."""
+    result = app.test_cli_runner().invoke(args=["quota", "routes", *args])
+    assert result.exit_code != 0, result.output
+    return result
+
+
+def dashboard_app(app: Flask, close_sql: Callable[[Flask], Flask]) -> Flask:
+    """A new app of three routes of its own, with the dashboard and the status mounted."""
+    app.secret_key = "routes-test"
+    app.config.update(
+        QUOTA_PLANS={"free": {"user": "10/minute", "resources": {"ai": "5/minute"}}},
+        QUOTA_DASHBOARD_URL="/quota",
+        QUOTA_STATUS_URL="/rate_limit",
+        QUOTA_DATABASE_URL=f"sqlite:///{Path(app.instance_path) / 'quota.sqlite3'}",
+    )
+    quota = Quota(close_sql(app))
+    app.add_url_rule("/items", "items", lambda: "items")
+    app.add_url_rule("/items/<int:item>", "item", lambda item: "item")
+    app.add_url_rule("/ai", "ai", quota.limit(resource="ai")(lambda: "ai"), methods=["POST"])
+    return app
+
+
+def test_a_new_app_lists_only_its_own_routes(
+    app: Flask, close_sql: Callable[[Flask], Flask]
+) -> None:
+    """The dashboard's own routes (a blueprint the extension registers) are not the app's:
+    hidden by default, with a note saying how many and how to see them; ``--all`` lists
+    them too. The status URL the app configured is one of its routes and stays listed."""
+    app = dashboard_app(app, close_sql)
+    result = invoke(app, "--json")
+    rules = {route["rule"] for route in json.loads(result.stdout)["routes"]}
+    assert rules == {"/items", "/items/<int:item>", "/ai", "/rate_limit", "/static/<path:filename>"}
+    assert "--all" in result.stderr and "dashboard" in result.stderr
+    text = invoke(app).stdout
+    assert "/quota" not in text and "quota_dashboard" not in text
+    every = {route["rule"] for route in json.loads(invoke(app, "--all", "--json").stdout)["routes"]}
+    dashboard = every - rules
+    assert "/quota/" in dashboard and "/quota/clients" in dashboard, dashboard
+    assert str(len([r for r in app.url_map.iter_rules() if r.rule in dashboard])) in result.stderr
+    assert "/quota/clients" in invoke(app, "--all").stdout
+    assert "--all" not in invoke(app, "--all").stderr
+
+
+def test_an_app_without_the_dashboard_says_nothing_is_hidden(app: Flask) -> None:
+    app.config["QUOTA_PLANS"] = {"free": {"user": "10/minute"}}
+    Quota(app)
+    app.add_url_rule("/x", "x", lambda: "x")
+    result = invoke(app)
+    assert line_of(result.stdout, "/x")[:3] == ["/x", "GET", "x"]
+    assert "hidden" not in result.stderr
+
+
+def test_endpoint_filters_to_one_endpoint(app: Flask, close_sql: Callable[[Flask], Flask]) -> None:
+    """``--endpoint NAME`` lists that endpoint's rules only (Flask-Limiter's
+    ``flask limiter limits --endpoint``); the plans' tiers still head the table."""
+    app = dashboard_app(app, close_sql)
+    found = json.loads(invoke(app, "--endpoint", "ai", "--json").stdout)
+    assert [(r["rule"], r["endpoint"]) for r in found["routes"]] == [("/ai", "ai")]
+    assert found["routes"][0]["limits"][0]["plans"] == {"free": "5/minute"}
+    text = invoke(app, "--endpoint", "item").stdout
+    assert line_of(text, "/items/<int:item>")[:3] == ["/items/<int:item>", "GET", "item"]
+    assert "/ai" not in text and "/items " not in text
+    assert line_of(text, "free")[3] == "10/minute"  # the plan's user tier, still shown
+
+
+def test_endpoint_names_a_dashboard_route_without_all(
+    app: Flask, close_sql: Callable[[Flask], Flask]
+) -> None:
+    """Asking for one of the dashboard's endpoints by name shows it: the filter is explicit."""
+    app = dashboard_app(app, close_sql)
+    found = json.loads(invoke(app, "--endpoint", "quota_dashboard.clients_page", "--json").stdout)
+    assert [r["rule"] for r in found["routes"]] == ["/quota/clients"]
+    assert found["routes"][0]["exempt"] == "@quota.exempt"
+
+
+def test_an_unknown_endpoint_fails_and_says_how_to_find_one(
+    app: Flask, close_sql: Callable[[Flask], Flask]
+) -> None:
+    app = dashboard_app(app, close_sql)
+    result = failing(app, "--endpoint", "nope")
+    assert "no endpoint named 'nope'" in result.output
+    assert "flask quota routes" in result.output
+
+
+def test_path_filters_by_what_a_url_matches(
+    app: Flask, close_sql: Callable[[Flask], Flask]
+) -> None:
+    """``--path PATH``: the rules a request to PATH would reach (any method), a URL with
+    its variables filled in or the rule itself; a path nothing matches fails."""
+    app = dashboard_app(app, close_sql)
+
+    def rules(*args: str) -> list[str]:
+        return [r["rule"] for r in json.loads(invoke(app, *args, "--json").stdout)["routes"]]
+
+    assert rules("--path", "/items/42") == ["/items/<int:item>"]
+    assert rules("--path", "/items/<int:item>") == ["/items/<int:item>"]
+    assert rules("--path", "/ai") == ["/ai"]  # POST only: matched by its own method
+    assert rules("--path", "/rate_limit?x=1") == ["/rate_limit"]
+    assert rules("--path", "/quota/clients") == ["/quota/clients"]
+    assert rules("--path", "/quota") == ["/quota/"]  # through its redirect
+    assert "could not be matched" in failing(app, "--path", "/items/abc").output
+    assert "could not be matched" in failing(app, "--path", "/nothing").output
+
+
+def test_endpoint_and_path_together_must_agree(
+    app: Flask, close_sql: Callable[[Flask], Flask]
+) -> None:
+    app = dashboard_app(app, close_sql)
+    both = json.loads(invoke(app, "--endpoint", "ai", "--path", "/ai", "--json").stdout)
+    assert [r["rule"] for r in both["routes"]] == ["/ai"]
+    assert "does not match" in failing(app, "--endpoint", "items", "--path", "/ai").output

@@ -17,7 +17,8 @@ from flask.testing import FlaskClient
 
 from flask_quota import Identity, Quota
 from flask_quota.storage import MemoryStorage
-from flask_quota.testing import FrozenClock
+from flask_quota.storage.denycache import DenyCache
+from flask_quota.testing import FrozenClock, test_storage
 
 KEY = "status_key_0123456789"
 PLANS = {
@@ -61,7 +62,10 @@ def test_status_reads_without_charging_but_the_global_tier(
     real Redis behind the deny cache)."""
     config: dict[str, Any] = {}
     if backend == "redis":
-        config["QUOTA_STORAGE_URL"] = request.getfixturevalue("own_redis").url
+        # On the test's clock: five reads on a loaded machine outlasted the 0.6 s a
+        # 100/minute bucket takes to refill one (CI read 98, 98, 97, ...).
+        redis = test_storage(request.getfixturevalue("own_redis").url, FrozenClock())
+        config["storage"] = DenyCache(redis)
     else:
         config["storage"] = MemoryStorage(FrozenClock())
     http, _ = status_app(close_sql(app), **config)
@@ -80,13 +84,13 @@ def test_status_reads_without_charging_but_the_global_tier(
     assert globals_left == [98, 97, 96, 95, 94]
     assert body["limits"] == [
         {"tier": "global", "resource": None, "policy": "global", "limit": 100,
-         "remaining": 94, "reset": body["limits"][0]["reset"], "window": 60},
+         "remaining": 94, "reset": body["limits"][0]["reset"], "window": 60, "unit": "requests"},
         {"tier": "user", "resource": None, "policy": "user", "limit": 10,
-         "remaining": 9, "reset": body["limits"][1]["reset"], "window": 60},
+         "remaining": 9, "reset": body["limits"][1]["reset"], "window": 60, "unit": "requests"},
         {"tier": "endpoint", "resource": "search", "policy": "search", "limit": 4,
-         "remaining": 3, "reset": body["limits"][2]["reset"], "window": 60},
+         "remaining": 3, "reset": body["limits"][2]["reset"], "window": 60, "unit": "requests"},
         {"tier": "endpoint", "resource": "quota_status", "policy": "quota_status", "limit": 60,
-         "remaining": 55, "reset": body["limits"][3]["reset"], "window": 60},
+         "remaining": 55, "reset": body["limits"][3]["reset"], "window": 60, "unit": "requests"},
     ]  # fmt: skip
     assert all(0 < row["reset"] <= 60 for row in body["limits"])
     # The search bucket was not touched by the status reads: three more searches pass.
@@ -351,3 +355,42 @@ def test_status_calls_past_the_budget_cost_redis_nothing(own_redis: Any, tmp_pat
     # The 60 admitted and the first denial, and a denial asked again once per sync
     # interval (0.5 s: the deny cache trusts a denial that long).
     assert calls <= 61 + math.ceil(elapsed / 0.5), (calls, elapsed)
+
+
+def test_each_limit_says_what_it_counts(app: Flask) -> None:
+    """Every bucket of the status names its ``unit``: the rate tiers count requests, a
+    resource counts its plan's unit (else its decorator's, else requests), a concurrency
+    bucket counts requests in flight, and the status budget counts requests."""
+    app.config.update(
+        QUOTA_PLANS={
+            "team": {
+                "global": "100/second",
+                "user": "10/minute",
+                "concurrent": 3,
+                "resources": {
+                    "ai_tokens": {"rate": "2000/hour", "unit": "tokens"},
+                    "pages": "100/hour",
+                },
+            }
+        },
+        QUOTA_DEFAULT_PLAN="team",
+        QUOTA_ANONYMOUS_PLAN="team",
+        QUOTA_STATUS_URL="/rate_limit",
+    )
+    quota = Quota(app, storage=MemoryStorage(FrozenClock()))
+    quota.identity_loader(lambda: Identity("u7", "team"))
+    app.add_url_rule("/chat", "chat", quota.limit(resource="ai_tokens")(lambda: "c"))
+    # A decorator's unit applies where the plan names none.
+    app.add_url_rule("/pdf", "pdf", quota.limit(resource="pages", unit="pages")(lambda: "p"))
+    app.add_url_rule("/search", "search", quota.limit("5/minute", resource="search")(lambda: "s"))
+    rows = by_policy(app.test_client().get("/rate_limit").get_json())
+    units = {name: row["unit"] for name, row in rows.items()}
+    assert units == {
+        "global": "requests",
+        "user": "requests",
+        "concurrent": "requests in flight",
+        "ai_tokens": "tokens",
+        "pages": "pages",
+        "search": "requests",
+        "quota_status": "requests",
+    }, rows

@@ -12,6 +12,7 @@ from click.testing import Result
 from flask import Flask
 
 from flask_quota import Quota
+from tests.projects import Project
 from tests.sqldb import sql_store
 
 PLANS = {
@@ -183,33 +184,17 @@ def test_tables_at_an_older_revision_are_refused_until_upgraded(
     tmp_path: Path, database_url: str
 ) -> None:
     """Tables stamped 0001 (an older flask-quota made them) are refused with the command
-    that upgrades them; `flask quota db upgrade` does, and clients get tenants then."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.servers import ROOT
-
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("QUOTA_")},
-        "QUOTA_DATABASE_URL": database_url,
-    }
-
-    def quota(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "flask", "--app", "wsgi", "quota", *args],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-
-    assert quota("db", "upgrade", "0001_quota_tables").returncode == 0
-    refused = quota("clients", "list")
-    assert refused.returncode != 0
+    that upgrades them; `flask quota db upgrade` does, and clients get tenants then. Each
+    command runs on a fresh app, as a new `flask` process would."""
+    project = Project(tmp_path, database_url)
+    project.ok("quota", "db", "upgrade", "0001_quota_tables")
+    refused = project.run("quota", "clients", "list")
+    assert refused.code != 0
     assert "0001_quota_tables" in refused.stderr and "flask quota db upgrade" in refused.stderr
-    upgraded = quota("db", "upgrade")
-    assert upgraded.returncode == 0, upgraded.stderr
-    made = quota("clients", "create", "a", "--plan", "free", "--tenant", "acme", "--actor", "t")
-    assert made.returncode == 0, made.stderr
-    assert "of tenant 'acme'" in made.stdout
+    project.ok("quota", "db", "upgrade")
+    made = project.ok("quota", "clients", "create", "a", "--plan", "free", "--tenant", "acme",
+                      "--actor", "t")  # fmt: skip
+    assert "of tenant 'acme'" in made
 
 
 def test_peek_and_reset_see_what_the_tenant_overrides_make(app: Flask) -> None:

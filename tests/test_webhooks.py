@@ -761,3 +761,53 @@ def test_a_hanging_receiver_holds_no_request(
     engine = sql_store(app).engine
     assert until(lambda: len(wh.list_events(engine, limit=100)) == 3, 15)
     receiver.released.set()
+
+
+def test_credits_events_reach_the_receiver_signed(
+    tmp_path: Path, receiver: Receiver, close_sql: Callable[[Flask], Flask]
+) -> None:
+    """A prepaid balance spent down through the app: credits.low at each alert share of
+    the grant short of all of it, and credits.exhausted at zero, reach a real receiver,
+    once each, signed."""
+    from flask import request
+
+    from flask_quota import Identity
+
+    app = Flask(__name__, instance_path=str(tmp_path / "instance"))
+    app.config.update(
+        QUOTA_PLANS={"payg": {"user": "100/minute", "resources": {"sms": "credits"}}},
+        QUOTA_DEFAULT_PLAN="payg",
+        QUOTA_ANONYMOUS_PLAN="payg",
+        QUOTA_ALERTS=(0.5, 1.0),
+        QUOTA_DATABASE_URL=f"sqlite:///{tmp_path}/credits.sqlite3",
+        QUOTA_WEBHOOK_URL=receiver.url,
+        QUOTA_WEBHOOK_SECRET=SECRET,
+    )
+    quota = Quota(app)
+    close_sql(app)
+
+    @quota.identity_loader
+    def caller() -> Identity:
+        return Identity(request.headers.get("X-User", "ada"))
+
+    @app.post("/sms")
+    @quota.limit(resource="sms")
+    def sms() -> str:
+        return "sent"
+
+    with app.app_context():
+        quota.grant(identity="ada", resource="sms", units=4)
+    http = app.test_client()
+    statuses = []
+    for _ in range(5):
+        statuses.append(http.post("/sms").status_code)
+    assert statuses == [200, 200, 200, 200, 402]
+    assert until(lambda: len(receiver.received) >= 2, 15), receiver.ids()
+    time.sleep(1.5)  # a second copy of anything would have come by now
+    bodies = [json.loads(r.body) for r in receiver.received]
+    assert sorted((b["type"], b["data"].get("share")) for b in bodies) == [
+        ("credits.exhausted", None), ("credits.low", 0.5),
+    ]  # fmt: skip
+    assert {b["data"]["resource"] for b in bodies} == {"sms"}
+    for r in receiver.received:
+        assert wh.verify(SECRET, r.headers["Quota-Signature"], r.body, now=time.time())

@@ -3,8 +3,9 @@
 ``python -m build`` makes both from this checkout and ``twine check`` accepts
 them. The wheel holds one top-level package with every data file the code
 needs. In a new virtualenv holding only that wheel (and its dependencies from
-the index), the README's example app builds its tables with
-``flask quota db upgrade``, lists its plans, serves its dashboard behind the
+the index), and in another where ``pip install .`` ran in a copy of the checkout
+(the README's two ways to install), the README's example app builds its tables
+with ``flask quota db upgrade``, lists its plans, serves its dashboard behind the
 login, and limits its 3-per-minute route: the dashboard needs no extra.
 """
 
@@ -29,7 +30,7 @@ import pytest
 
 from flask_quota.sql.models import metadata
 from flask_quota.sql.schema import VERSION_TABLE
-from tests.builds import Dists, ok, run
+from tests.builds import Dists, ok, run, source_copy
 from tests.servers import ROOT, free_port, wait_for_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -37,12 +38,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 PASSWORD = "wheel-smoke-password"
 
 
-def fresh_venv(directory: Path, requirement: str) -> Path:
-    """A new virtualenv with only ``requirement`` installed; returns its bin/ folder."""
+def fresh_venv(directory: Path, requirement: str, cwd: Path = ROOT) -> Path:
+    """A new virtualenv with only ``requirement`` installed (``pip install`` run in
+    ``cwd``); returns its bin/ folder."""
     venv.EnvBuilder(with_pip=True).create(directory)
     bin_dir = directory / "bin"
     ok(run(bin_dir / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check",
-           requirement))  # fmt: skip
+           requirement, cwd=cwd))  # fmt: skip
     return bin_dir
 
 
@@ -54,8 +56,8 @@ def readme_app() -> str:
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory holding only the README's app.py."""
+def project(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding only the README's app.py (one per install)."""
     directory = tmp_path_factory.mktemp("project")
     (directory / "app.py").write_text(readme_app())
     return directory
@@ -122,10 +124,16 @@ def test_the_bare_wheel_has_no_top_level_dashboard(installed: Path, project: Pat
     assert missing.returncode == 1 and "No module named 'dashboard'" in missing.stderr
 
 
-@pytest.fixture(scope="module")
-def installed(dists: Dists, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """bin/ of a fresh venv holding the wheel alone: the dashboard needs no extra."""
-    return fresh_venv(tmp_path_factory.mktemp("venv"), str(dists.wheel))
+@pytest.fixture(scope="module", params=["wheel", "pip-install-dot"])
+def installed(
+    request: pytest.FixtureRequest, dists: Dists, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """bin/ of a fresh venv holding the wheel alone, or what ``pip install .`` in a copy of
+    this checkout installed (the README's two ways): the dashboard needs no extra."""
+    if request.param == "wheel":
+        return fresh_venv(tmp_path_factory.mktemp("venv"), str(dists.wheel))
+    checkout = source_copy(tmp_path_factory.mktemp("checkout"))
+    return fresh_venv(tmp_path_factory.mktemp("venv"), ".", cwd=checkout)
 
 
 @dataclass
@@ -174,7 +182,8 @@ def server(installed: Path, migrated: Path) -> Iterator[Server]:
 
 
 def test_it_runs_from_the_wheel_not_this_checkout(installed: Path, project: Path) -> None:
-    """The venv imports flask_quota from its site-packages, and no top-level dashboard."""
+    """The venv imports flask_quota from its site-packages (neither this checkout nor the
+    copy it was installed from), and no top-level dashboard."""
     where = ok(run(installed / "python", "-c", "import flask_quota; print(flask_quota.__file__)",
                    cwd=project))  # fmt: skip
     assert "site-packages" in where and str(ROOT) not in where

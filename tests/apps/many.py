@@ -22,7 +22,8 @@ def header_quota(app: Flask) -> Quota:
 
     ``X-Client`` names the caller (none: anonymous) and ``X-Plan`` may pick its plan.
     ``/ping`` meets the global and user tiers, ``/work`` the endpoint tier "work" as
-    well (its rate comes from the plan), and ``/healthz`` none.
+    well (its rate comes from the plan), ``/delayed`` a ``10/second`` limit that holds a
+    request for up to 0.5 s (``delay=``), and ``/healthz`` none.
     """
     quota = Quota(app)
 
@@ -38,6 +39,11 @@ def header_quota(app: Flask) -> Quota:
     @app.get("/work")
     @quota.limit(resource="work")
     def work() -> str:
+        return "done"
+
+    @app.get("/delayed")
+    @quota.limit("10/second", resource="delayed", delay=0.5)
+    def delayed() -> str:
         return "done"
 
     @app.get("/healthz")
