@@ -23,4 +23,6 @@ sys.exit(not all(u.find_spec(m) for m in ("flask_quota", "gunicorn")))' 2>/dev/n
 fi
 # One worker with threads: the memory backend is per process, so one process
 # keeps the demo's limits exact. Use Redis (QUOTA_STORAGE_URL) for more workers.
-exec .venv/bin/gunicorn --workers 1 --threads 8 --bind "127.0.0.1:${PORT:-8000}" wsgi:app
+# The demo delivers webhooks to itself (wsgi.py): it reads the port from PORT.
+export PORT="${PORT:-8000}"
+exec .venv/bin/gunicorn --workers 1 --threads 8 --bind "127.0.0.1:${PORT}" wsgi:app
