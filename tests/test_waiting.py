@@ -28,6 +28,7 @@ from tests.load import hammer, serve_many
 from tests.servers import ROOT, RedisServer
 
 DELAYED = "X-RateLimit-Delayed"
+SERVED = "X-Served-At"  # tests.apps.many: when the worker answered
 
 
 # A loaded test machine can take over the default 0.1 s to answer, and the default fail
@@ -207,18 +208,22 @@ def test_a_burst_on_gunicorn_waits_at_most_the_delay(
         f"{sorted(float(r.headers[DELAYED]) for r in held)}, in {spread:.2f} s"
     )
     assert set(statuses) <= {200, 429}, statuses
-    # The bucket's 10 at once (more only if the burst took over 0.1 s to arrive), then
-    # what it refills, 10 a second, for the 0.5 s a request may wait plus the time the
-    # burst itself took to arrive (under load, a good part of a second).
-    arriving = max(r.sent for r in replies) - min(r.sent for r in replies)
-    refill = int(arriving * 10) + 1
-    assert 10 <= len(quick) <= 10 + refill, (statuses, arriving)
-    assert len(held) >= 3 and len(quick) + len(held) <= 15 + refill, (statuses, arriving)
+    # The bucket's 10 at once, then what it refills, 10 a second, for the 0.5 s a request
+    # may wait, plus what it refills between the first send and the last decision: a
+    # loaded machine decides the burst over a good part of a second, not as it was sent
+    # (CI once decided it over 0.24 s and admitted 10 + 7). A decision's time is the
+    # worker's answer less the delay it held.
+    decided = [float(r.headers[SERVED]) - float(r.headers.get(DELAYED, 0)) for r in replies]
+    late = max(decided) - min(r.sent for r in replies)
+    refill = int(late * 10) + 1
+    assert 10 <= len(quick) <= 10 + refill, (statuses, late)
+    assert len(held) >= 3 and len(quick) + len(held) <= 15 + refill, (statuses, late)
     for reply in held:
         assert 0 < float(reply.headers[DELAYED]) <= 0.5
         assert reply.elapsed < 0.5 + 0.5  # held its delay, plus scheduling noise
     assert len(quick) + len(held) + len(refused) == 20
-    assert max(r.elapsed for r in refused) < 0.5  # never a wait past the delay
+    # Never a wait past the delay: answered within 0.5 s of being sent.
+    assert max(float(r.headers[SERVED]) - r.sent for r in refused) < 0.5
 
 
 # -- wait= ------------------------------------------------------------------------

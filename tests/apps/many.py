@@ -8,9 +8,10 @@ identity is fine for a test that needs thousands of callers, never for an app.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
-from flask import Flask, request
+from flask import Flask, Response, request
 
 from flask_quota import Identity, Quota
 
@@ -23,7 +24,10 @@ def header_quota(app: Flask) -> Quota:
     ``X-Client`` names the caller (none: anonymous) and ``X-Plan`` may pick its plan.
     ``/ping`` meets the global and user tiers, ``/work`` the endpoint tier "work" as
     well (its rate comes from the plan), ``/delayed`` a ``10/second`` limit that holds a
-    request for up to 0.5 s (``delay=``), and ``/healthz`` none.
+    request for up to 0.5 s (``delay=``), and ``/healthz`` none. Every answer says in
+    ``X-Served-At`` when the worker answered (``time.monotonic()``: one clock for every
+    process on the machine), so a test can tell when the server decided, not only when
+    the client sent.
     """
     quota = Quota(app)
 
@@ -31,6 +35,11 @@ def header_quota(app: Flask) -> Quota:
     def from_header() -> Identity | None:
         client = request.headers.get("X-Client")
         return Identity(client, request.headers.get("X-Plan")) if client else None
+
+    @app.after_request
+    def served_at(response: Response) -> Response:
+        response.headers["X-Served-At"] = repr(time.monotonic())
+        return response
 
     @app.get("/ping")
     def ping() -> str:
