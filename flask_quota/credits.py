@@ -199,7 +199,8 @@ class Credits:
         """Write a grant (``sql.credits.new_grant``: validated, audited under ``actor``;
         bad input raises ``AdminError`` and writes nothing; a date ``expires`` is midnight
         in ``zone``), then ``push`` it. Returns it and the push's error, if any: the grant
-        is saved, and every worker adds it within the sync interval. For the dashboard."""
+        is saved, and every worker adds it within the sync interval. The one way a grant
+        is made: ``quota.grant``, ``flask quota credits grant`` and the dashboard."""
         info = new_grant(
             self.sql, actor=actor, caller=caller, resource=resource,
             units=units,  # type: ignore[arg-type]  # new_grant refuses a non-int
@@ -207,7 +208,7 @@ class Credits:
         )  # fmt: skip
         try:
             self.push(info)
-        except Exception as exc:  # the storage away: the writer pushes it again
+        except StorageError as exc:  # the storage away: every worker's writer pushes it again
             log.warning("flask-quota: grant %d saved; adding it waits for the storage (%s)",
                         info.id, exc)  # fmt: skip
             return info, exc

@@ -36,11 +36,11 @@ from .overload import Shedder
 from .recorder import UsageRecorder, usage_sink
 from .settings import DEFAULTS, Settings, reference
 from .sql import plansync
-from .sql.credits import GrantInfo, client_caller, expiry, new_grant
+from .sql.credits import GrantInfo, client_caller
 from .sql.errors import AdminError
 from .sql.store import SqlStore
 from .state import QuotaState, get_state
-from .storage import Storage, StorageError, storage_from_url
+from .storage import Storage, storage_from_url
 from .storage.breaker import CircuitBreaker
 from .storage.denycache import DenyCache
 from .storage.failover import GuardedStorage
@@ -451,18 +451,11 @@ class Quota:
         state = get_state()
         if (client is None) == (identity is None):
             raise AdminError("quota.grant() takes client= (an SQL client) or identity=")
-        zone = state.settings.calendar.zone
+        assert state.credits is not None  # made by init_app
         caller = identity if identity is not None else client_caller(state.sql, str(client))
-        info = new_grant(
-            state.sql, actor=actor, caller=caller, resource=resource, units=units,
-            expires_at=expiry(expires, zone), note=note,
-        )  # fmt: skip
-        if state.credits is not None:
-            try:
-                state.credits.push(info)
-            except StorageError as exc:  # every worker pushes it again once it answers
-                log.warning("flask-quota: grant %d saved; adding it waits for the storage (%s)",
-                            info.id, exc)  # fmt: skip
+        info, _ = state.credits.grant(
+            caller, resource, units, expires, note, actor=actor, zone=state.settings.calendar.zone
+        )
         return info
 
     def identity_loader(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 from flask.cli import AppGroup
 
-from ..sql.credits import client_caller, expiry, new_grant
+from ..sql.credits import client_caller
 from .common import RAW, actor_option, app_state, one_line_errors, table, warn_if_memory
 
 __all__ = ["credits_cli"]
@@ -36,17 +36,15 @@ def credits_grant(
     state = app_state()
     if not units.strip().isdigit():
         raise click.ClickException(f"UNITS must be a whole number, got {units!r}")
-    info = new_grant(
-        state.sql, actor=actor, caller=client_caller(state.sql, client), resource=resource,
-        units=int(units), expires_at=expiry(expires, state.settings.calendar.zone), note=note,
+    assert state.credits is not None  # made by init_app
+    info, failed = state.credits.grant(
+        client_caller(state.sql, client), resource, int(units), expires, note,
+        actor=actor, zone=state.settings.calendar.zone,
     )  # fmt: skip
     until = f"until {info.expires_at:%Y-%m-%d %H:%M UTC}" if info.expires_at else "without expiry"
     click.echo(f"granted {info.units} {info.resource} to client {client} {until} (grant {info.id})")
-    if state.credits is not None:
-        try:
-            state.credits.push(info)
-        except Exception as exc:  # saved: every worker adds it within the sync interval
-            click.echo(f"note: the live balance gets it within the sync interval ({exc})", err=True)
+    if failed is not None:  # saved: every worker adds it within the sync interval
+        click.echo(f"note: the live balance gets it within the sync interval ({failed})", err=True)
 
 
 @credits_cli.command("show")
