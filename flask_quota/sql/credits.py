@@ -15,7 +15,6 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from ..core import validators
 from ..core.credits import Grant
@@ -181,19 +180,14 @@ def new_grant(
     return info
 
 
-def grants_of(
-    store: SqlStore, caller: str, resource: str | None = None, *, session: Session | None = None
-) -> list[GrantInfo]:
+def grants_of(store: SqlStore, caller: str, resource: str | None = None) -> list[GrantInfo]:
     """Every grant to ``caller`` (of ``resource``), oldest first."""
     query = select(CreditGrant).where(CreditGrant.caller == caller)
     if resource is not None:
         query = query.where(CreditGrant.resource == resource)
-    query = query.order_by(CreditGrant.id)
-    if session is not None:
-        return [_info(r) for r in session.scalars(query)]
-    with store.session() as own:
-        bounded(own)
-        return [_info(r) for r in own.scalars(query)]
+    with store.session() as session:
+        bounded(session)
+        return [_info(r) for r in session.scalars(query.order_by(CreditGrant.id))]
 
 
 def recent_grants(store: SqlStore, since: datetime) -> list[GrantInfo]:
